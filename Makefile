@@ -1,0 +1,65 @@
+# space: `make run` installs what is missing, builds, and serves;
+# `make test` runs the whole suite. See README.md.
+
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+
+# The gVisor release space is tested with (internal/driver/gvisor.PinnedVersion
+# must match; a test checks). Built once from the Go module proxy into the cache.
+RUNSC_VERSION := v0.0.0-20260905035102-160fafc42237
+CACHE  ?= /var/cache/space
+DATA   ?= /var/lib/space
+LISTEN ?= 127.0.0.1:7070
+RUNSC  := $(CACHE)/runsc-$(RUNSC_VERSION)/runsc
+APT_PACKAGES := mmdebstrap ca-certificates
+GOTEST_FLAGS ?= -timeout 45m
+
+.PHONY: all deps runsc build run test test-unit bench clean
+
+all: build
+
+# deps installs the Debian packages space needs when they are missing.
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@command -v go >/dev/null || { echo "Go (>= 1.26) is required: /usr/local/go/bin/go not found"; exit 1; }
+
+runsc: $(RUNSC)
+
+$(RUNSC):
+	@echo "building gVisor runsc $(RUNSC_VERSION) from the Go module proxy (once; ~2-3 min)"
+	@mkdir -p $(dir $(RUNSC))
+	CGO_ENABLED=0 GOBIN=$(dir $(RUNSC)) go install gvisor.dev/gvisor/runsc@$(RUNSC_VERSION)
+	@$(RUNSC) --version | head -1
+
+build:
+	@mkdir -p bin
+	CGO_ENABLED=0 go build -trimpath -o bin/space-agent ./cmd/space-agent
+	CGO_ENABLED=0 go build -trimpath -o bin/space ./cmd/space
+
+run: deps runsc build
+	bin/space serve --data $(DATA) --cache $(CACHE) --listen $(LISTEN) --runsc $(RUNSC) --agent $(CURDIR)/bin/space-agent
+
+# test runs everything: unit tests, the driver conformance suite against
+# real runsc, and end-to-end tests through the HTTP API with real sandboxes.
+test: deps runsc build
+	SPACE_RUNSC=$(RUNSC) SPACE_AGENT=$(CURDIR)/bin/space-agent SPACE_CACHE=$(CACHE) \
+		go test $(GOTEST_FLAGS) ./... 2>&1 | tee /tmp/space-test.log; st=$${PIPESTATUS[0]}; \
+	(cd sdk/go && go test $(GOTEST_FLAGS) ./...) || st=1; \
+	echo; grep -E '^(ok|FAIL|---|panic)' /tmp/space-test.log | grep -v '^--- PASS' | tail -40; \
+	exit $$st
+
+# test-unit runs the tests that need no sandbox.
+test-unit:
+	go test -short ./...
+
+bench: deps runsc build
+	SPACE_RUNSC=$(RUNSC) SPACE_AGENT=$(CURDIR)/bin/space-agent SPACE_CACHE=$(CACHE) \
+		go run ./cmd/space-bench -out docs/PERF.md
+
+clean:
+	rm -rf bin

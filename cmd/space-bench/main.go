@@ -1,0 +1,368 @@
+// Command space-bench measures space against the raw runtime on this
+// machine and writes docs/PERF.md. Every figure is measured in the same run,
+// side by side: space through its HTTP API versus runsc invoked directly on
+// the same template rootfs with the same flags.
+//
+//	go run ./cmd/space-bench -out docs/PERF.md
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spacesandbox/space/internal/driver/gvisor"
+	"github.com/spacesandbox/space/internal/server"
+	"github.com/spacesandbox/space/internal/template"
+)
+
+func main() {
+	out := flag.String("out", "", "write the report (Markdown) to this file")
+	cache := flag.String("cache", envOr("SPACE_CACHE", "/var/cache/space"), "cache dir (runsc, templates)")
+	agent := flag.String("agent", envOr("SPACE_AGENT", "bin/space-agent"), "space-agent binary")
+	runsc := flag.String("runsc", os.Getenv("SPACE_RUNSC"), "runsc binary")
+	nCreate := flag.Int("creates", 20, "create samples")
+	nExec := flag.Int("execs", 200, "exec samples")
+	nFile := flag.Int("files", 50, "file write+read samples")
+	flag.Parse()
+	if *runsc == "" {
+		*runsc = filepath.Join(*cache, "runsc-"+gvisor.PinnedVersion, "runsc")
+	}
+	agentAbs, _ := filepath.Abs(*agent)
+	b := &bench{runsc: *runsc, cache: *cache}
+	if err := b.run(agentAbs, *nCreate, *nExec, *nFile); err != nil {
+		fmt.Fprintln(os.Stderr, "space-bench:", err)
+		os.Exit(1)
+	}
+	report := b.report()
+	fmt.Print(report)
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(report), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "space-bench:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+type row struct {
+	name       string
+	space, raw []time.Duration
+	rawName    string
+}
+
+type bench struct {
+	runsc, cache string
+	rows         []row
+	url, key     string
+	tmp          string
+}
+
+func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
+	tmp, err := os.MkdirTemp("", "space-bench-")
+	if err != nil {
+		return err
+	}
+	b.tmp = tmp
+	defer os.RemoveAll(tmp)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	data := filepath.Join(tmp, "data")
+	done := make(chan error, 1)
+	go func() {
+		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn"})
+	}()
+	if err := b.waitReady(data, done); err != nil {
+		return err
+	}
+	tb, err := template.NewBuilder(filepath.Join(b.cache, "templates"))
+	if err != nil {
+		return err
+	}
+	tpl, err := tb.Build(ctx, template.Base(), func(string) {})
+	if err != nil {
+		return err
+	}
+	raw := &rawRunsc{runsc: b.runsc, root: filepath.Join(tmp, "raw-root"), rootfs: tpl.Path, dir: filepath.Join(tmp, "raw")}
+
+	// create (cold: no pool) vs runsc create+start to the first output.
+	r := row{name: "create (cold, to agent ready)", rawName: "runsc create+start → first output"}
+	var ids []string
+	for i := 0; i < nCreate; i++ {
+		t0 := time.Now()
+		id, err := b.create()
+		if err != nil {
+			return err
+		}
+		r.space = append(r.space, time.Since(t0))
+		ids = append(ids, id)
+		d, err := raw.runEcho(fmt.Sprintf("rawc%d", i))
+		if err != nil {
+			return err
+		}
+		r.raw = append(r.raw, d)
+	}
+	b.rows = append(b.rows, r)
+	for _, id := range ids[1:] {
+		b.do("DELETE", "/v1/sandboxes/"+id, nil, nil)
+	}
+	id := ids[0]
+
+	// exec round trip of `true`.
+	cid := "rawexec"
+	if err := raw.startSleeper(cid); err != nil {
+		return err
+	}
+	defer raw.delete(cid)
+	r = row{name: "exec `true` round trip", rawName: "runsc exec true"}
+	for i := 0; i < nExec; i++ {
+		t0 := time.Now()
+		var res struct{ ExitCode int `json:"exit_code"` }
+		if code := b.do("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": []string{"true"}}, &res); code != 200 || res.ExitCode != 0 {
+			return fmt.Errorf("exec: %d", code)
+		}
+		r.space = append(r.space, time.Since(t0))
+		if i < nExec/4 { // runsc exec is slow; fewer samples suffice
+			t0 = time.Now()
+			if out, err := exec.Command(b.runsc, "--root", raw.root, "exec", cid, "true").CombinedOutput(); err != nil {
+				return fmt.Errorf("runsc exec: %v: %s", err, out)
+			}
+			r.raw = append(r.raw, time.Since(t0))
+		}
+	}
+	b.rows = append(b.rows, r)
+
+	// 1 MB file write + read.
+	payload := bytes.Repeat([]byte("0123456789abcdef"), 1<<16)
+	r = row{name: "1 MB file write+read", rawName: "runsc exec cat > f; runsc exec cat f"}
+	for i := 0; i < nFile; i++ {
+		t0 := time.Now()
+		if err := b.putGet(id, payload); err != nil {
+			return err
+		}
+		r.space = append(r.space, time.Since(t0))
+		if i < nFile/2 {
+			t0 = time.Now()
+			w := exec.Command(b.runsc, "--root", raw.root, "exec", cid, "sh", "-c", "cat > /tmp/f")
+			w.Stdin = bytes.NewReader(payload)
+			if out, err := w.CombinedOutput(); err != nil {
+				return fmt.Errorf("runsc exec write: %v: %s", err, out)
+			}
+			got, err := exec.Command(b.runsc, "--root", raw.root, "exec", cid, "cat", "/tmp/f").Output()
+			if err != nil || len(got) != len(payload) {
+				return fmt.Errorf("runsc exec read: %v (%d bytes)", err, len(got))
+			}
+			r.raw = append(r.raw, time.Since(t0))
+		}
+	}
+	b.rows = append(b.rows, r)
+	b.do("DELETE", "/v1/sandboxes/"+id, nil, nil)
+	cancel()
+	<-done
+	return nil
+}
+
+func (b *bench) waitReady(data string, done chan error) error {
+	deadline := time.Now().Add(20 * time.Minute)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-done:
+			return fmt.Errorf("server exited: %v", err)
+		default:
+		}
+		if b.url == "" {
+			if j, err := os.ReadFile(filepath.Join(data, server.ServeFile)); err == nil {
+				var v struct{ URL string }
+				json.Unmarshal(j, &v)
+				b.url = v.URL
+				k, _ := os.ReadFile(filepath.Join(data, server.KeyFile))
+				b.key = strings.TrimSpace(string(k))
+			}
+		}
+		if b.url != "" {
+			if resp, err := http.Get(b.url + "/healthz"); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					return nil
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("server not ready")
+}
+
+func (b *bench) do(method, path string, body, out any) int {
+	var rd io.Reader
+	if body != nil {
+		j, _ := json.Marshal(body)
+		rd = bytes.NewReader(j)
+	}
+	req, _ := http.NewRequest(method, b.url+path, rd)
+	req.Header.Set("Authorization", "Bearer "+b.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		json.NewDecoder(resp.Body).Decode(out)
+	} else {
+		io.Copy(io.Discard, resp.Body)
+	}
+	return resp.StatusCode
+}
+
+func (b *bench) create() (string, error) {
+	var sb struct{ ID, State string }
+	if code := b.do("POST", "/v1/sandboxes", map[string]any{}, &sb); code != 201 {
+		return "", fmt.Errorf("create: HTTP %d", code)
+	}
+	return sb.ID, nil
+}
+
+func (b *bench) putGet(id string, payload []byte) error {
+	req, _ := http.NewRequest("PUT", b.url+"/v1/sandboxes/"+id+"/files?path=/tmp/bench.bin", bytes.NewReader(payload))
+	req.Header.Set("Authorization", "Bearer "+b.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("put: HTTP %d", resp.StatusCode)
+	}
+	req, _ = http.NewRequest("GET", b.url+"/v1/sandboxes/"+id+"/files?path=/tmp/bench.bin", nil)
+	req.Header.Set("Authorization", "Bearer "+b.key)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	n, _ := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if n != int64(len(payload)) {
+		return fmt.Errorf("get: %d bytes", n)
+	}
+	return nil
+}
+
+// rawRunsc drives runsc directly with the flags the gVisor driver uses.
+type rawRunsc struct {
+	runsc, root, rootfs, dir string
+}
+
+func (r *rawRunsc) bundle(id string, args []string) (string, error) {
+	dir := filepath.Join(r.dir, id)
+	if err := os.MkdirAll(filepath.Join(dir, "upper"), 0o700); err != nil {
+		return "", err
+	}
+	spec := map[string]any{
+		"ociVersion": "1.0.2",
+		"process":    map[string]any{"user": map[string]int{"uid": 0, "gid": 0}, "args": args, "env": []string{"PATH=/usr/bin:/bin"}, "cwd": "/"},
+		"root":       map[string]any{"path": r.rootfs, "readonly": false},
+		"hostname":   "raw",
+		"mounts":     []map[string]any{{"destination": "/proc", "type": "proc", "source": "proc"}},
+		"linux": map[string]any{
+			"namespaces":  []map[string]string{{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}},
+			"cgroupsPath": "/space-bench/" + id,
+			"resources":   map[string]any{"memory": map[string]int64{"limit": 512 << 20}, "pids": map[string]int{"limit": 1024}},
+		},
+	}
+	j, _ := json.Marshal(spec)
+	return dir, os.WriteFile(filepath.Join(dir, "config.json"), j, 0o600)
+}
+
+func (r *rawRunsc) flags(dir string) []string {
+	return []string{"--root", r.root, "--network=none", "--overlay2=root:dir=" + filepath.Join(dir, "upper")}
+}
+
+// runEcho times `runsc create` + `runsc start` of echo until its output arrives.
+func (r *rawRunsc) runEcho(id string) (time.Duration, error) {
+	dir, err := r.bundle(id, []string{"/bin/echo", "hello"})
+	if err != nil {
+		return 0, err
+	}
+	defer r.delete(id)
+	t0 := time.Now()
+	cmd := exec.Command(r.runsc, append(r.flags(dir), "run", "--bundle", dir, id)...)
+	out, err := cmd.Output()
+	d := time.Since(t0)
+	if err != nil || !bytes.Contains(out, []byte("hello")) {
+		return 0, fmt.Errorf("runsc run: %v %q", err, out)
+	}
+	return d, nil
+}
+
+func (r *rawRunsc) startSleeper(id string) error {
+	dir, err := r.bundle(id, []string{"/bin/sleep", "3600"})
+	if err != nil {
+		return err
+	}
+	if out, err := exec.Command(r.runsc, append(r.flags(dir), "run", "--detach", "--bundle", dir, id)...).CombinedOutput(); err != nil {
+		return fmt.Errorf("runsc run --detach: %v: %s", err, out)
+	}
+	return nil
+}
+
+func (r *rawRunsc) delete(id string) {
+	exec.Command(r.runsc, "--root", r.root, "delete", "--force", id).Run()
+}
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p)
+	return s[i]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d.Microseconds())/1000) }
+
+func (b *bench) report() string {
+	var w strings.Builder
+	host, _ := os.Hostname()
+	cpu := "unknown"
+	if c, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(c), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				cpu = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	fmt.Fprintf(&w, "# Performance\n\n")
+	fmt.Fprintf(&w, "Measured %s on %s (%d cores, %s, %s/%s), driver gvisor (runsc %s, systrap).\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH, gvisor.PinnedVersion)
+	fmt.Fprintf(&w, "Reproduce with `make bench` (runs `go run ./cmd/space-bench -out docs/PERF.md`).\n")
+	fmt.Fprintf(&w, "All times in milliseconds; space is measured through its HTTP API (client → server → agent and back),\n")
+	fmt.Fprintf(&w, "the raw runtime by invoking runsc directly with the same rootfs and flags, in the same run.\n\n")
+	fmt.Fprintf(&w, "| operation | n | space min | space p50 | space p99 | raw runtime | raw n | raw min | raw p50 | raw p99 | p50 speed-up vs raw |\n")
+	fmt.Fprintf(&w, "|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range b.rows {
+		ratio := float64(pct(r.raw, .5)) / float64(pct(r.space, .5))
+		fmt.Fprintf(&w, "| %s | %d | %s | %s | %s | %s | %d | %s | %s | %s | %.1f× |\n",
+			r.name, len(r.space), ms(pct(r.space, 0)), ms(pct(r.space, .5)), ms(pct(r.space, .99)),
+			r.rawName, len(r.raw), ms(pct(r.raw, 0)), ms(pct(r.raw, .5)), ms(pct(r.raw, .99)), ratio)
+	}
+	return w.String()
+}

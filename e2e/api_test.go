@@ -1,0 +1,463 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// One server for the API tests: creating servers is cheap, but sharing one
+// keeps the suite fast on 2 cores. Tests that restart or kill the server
+// make their own.
+var shared *server
+
+func sharedServer(t *testing.T) *server {
+	if shared == nil {
+		shared = startServer(&keepAlive{t}, "")
+	}
+	shared.t = t
+	return shared
+}
+
+// keepAlive lets the shared server outlive the first test that started it;
+// TestMain stops it.
+type keepAlive struct{ *testing.T }
+
+func (k *keepAlive) Cleanup(func()) {}
+
+func (k *keepAlive) TempDir() string {
+	d, err := os.MkdirTemp("", "space-e2e-")
+	if err != nil {
+		k.Fatal(err)
+	}
+	return d
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared != nil {
+		shared.stop(true)
+		os.RemoveAll(shared.data)
+	}
+	os.Exit(code)
+}
+
+func TestHealthMetricsOpenAPI(t *testing.T) {
+	s := sharedServer(t)
+	var h map[string]string
+	if code := s.do("GET", "/healthz", "", nil, &h); code != 200 || h["status"] != "ok" {
+		t.Fatalf("healthz: %d %v", code, h)
+	}
+	s.create(nil)
+	resp, err := http.Get(s.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`space_sandboxes{state="running"}`, "space_sandbox_create_seconds_bucket", "space_exec_start_seconds"} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	resp, err = http.Get(s.url + "/v1/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(spec, []byte("openapi:")) || !bytes.Contains(spec, []byte("/v1/sandboxes/{id}/exec")) {
+		t.Errorf("openapi.yaml: %d, %d bytes", resp.StatusCode, len(spec))
+	}
+}
+
+func TestCreateGetListKill(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(map[string]any{"metadata": map[string]string{"owner": "e2e", "run": "list"}, "timeout_s": 600})
+	var sb sandboxView
+	if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 || sb.State != "running" || sb.Template != "base" || sb.Driver != "gvisor" {
+		t.Fatalf("get: %d %+v", code, sb)
+	}
+	if d := sb.ExpiresAt.Sub(sb.CreatedAt); d < 599*time.Second || d > 601*time.Second {
+		t.Errorf("expires_at - created_at = %v, want 600s", d)
+	}
+	var list struct{ Sandboxes []sandboxView }
+	s.do("GET", "/v1/sandboxes?metadata=run%3Dlist&state=running", s.key, nil, &list)
+	if len(list.Sandboxes) != 1 || list.Sandboxes[0].ID != id {
+		t.Fatalf("list by metadata: %+v", list)
+	}
+	if code := s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil); code != 204 {
+		t.Fatalf("delete: %d", code)
+	}
+	s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb)
+	if sb.State != "stopped" {
+		t.Fatalf("after delete: %+v", sb)
+	}
+	var e apiError
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "true"}, &e); code != 409 || e.Error != "conflict" || e.State != "stopped" {
+		t.Errorf("exec on stopped: %d %+v", code, e)
+	}
+	if code := s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil); code != 204 {
+		t.Errorf("second delete: %d", code)
+	}
+	s.do("GET", "/v1/sandboxes", s.key, nil, &list)
+	for _, x := range list.Sandboxes {
+		if x.ID == id {
+			t.Errorf("stopped sandbox in default list")
+		}
+	}
+}
+
+func TestExecSSE(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	resp := s.stream("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{
+		"cmd": []string{"python3", "-c", "import sys; print(sum(range(10))); sys.stdout.flush(); print('bad', file=sys.stderr); sys.exit(4)"},
+	}, nil)
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("status %d, content-type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	var kinds []string
+	var stdout, stderr string
+	var lastID int
+	exit := -1
+	readSSE(t, resp.Body, func(e sseEvent) bool {
+		kinds = append(kinds, e.Event)
+		n, err := strconv.Atoi(e.ID)
+		if err != nil || n <= lastID {
+			t.Errorf("event %s: id %q not increasing after %d", e.Event, e.ID, lastID)
+		}
+		lastID = n
+		var d struct {
+			PID      int    `json:"pid"`
+			Data     string `json:"data"`
+			ExitCode *int   `json:"exit_code"`
+		}
+		if err := json.Unmarshal([]byte(e.Data), &d); err != nil {
+			t.Errorf("event data %q: %v", e.Data, err)
+		}
+		switch e.Event {
+		case "start":
+			if d.PID <= 0 {
+				t.Errorf("start without pid: %s", e.Data)
+			}
+		case "stdout":
+			stdout += d.Data
+		case "stderr":
+			stderr += d.Data
+		case "exit":
+			exit = *d.ExitCode
+		}
+		return true
+	})
+	if kinds[0] != "start" || kinds[len(kinds)-1] != "exit" {
+		t.Errorf("event order %v: want start first, exit last", kinds)
+	}
+	if stdout != "45\n" || stderr != "bad\n" || exit != 4 {
+		t.Errorf("stdout %q stderr %q exit %d", stdout, stderr, exit)
+	}
+}
+
+func TestExecJSONAndShell(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(map[string]any{"env": map[string]string{"GREETING": "hi"}})
+	r := s.sh(id, "echo $GREETING $EXTRA from $(whoami) in $(pwd); exit 7")
+	if r.Stdout != "hi from user in /home/user\n" || r.ExitCode != 7 {
+		t.Errorf("shell: %+v", r)
+	}
+	var r2 execResult
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{
+		"cmd": []string{"sh", "-c", "echo $EXTRA; pwd; id -u"}, "env": map[string]string{"EXTRA": "x"}, "cwd": "/tmp", "user": "root",
+	}, &r2)
+	if r2.Stdout != "x\n/tmp\n0\n" || r2.ExitCode != 0 {
+		t.Errorf("argv with env/cwd/user: %+v", r2)
+	}
+	var r3 execResult
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"cat"}, "stdin": "from stdin"}, &r3)
+	if r3.Stdout != "from stdin" {
+		t.Errorf("stdin: %+v", r3)
+	}
+	var r4 execResult
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"sleep", "30"}, "timeout_s": 1}, &r4)
+	if r4.ExitCode == 0 || r4.Error != "timeout" {
+		t.Errorf("timeout: %+v", r4)
+	}
+	var r5 execResult
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"no-such-program"}}, &r5)
+	if r5.ExitCode == 0 {
+		t.Errorf("missing program: %+v", r5)
+	}
+	// ls -l needs a working statx (broken in Debian's old runsc).
+	if r := s.sh(id, "ls -l / >/dev/null && echo ok"); r.Stdout != "ok\n" {
+		t.Errorf("ls -l: %+v", r)
+	}
+}
+
+func TestExecLargeAndBinaryOutput(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	// 12 MB of deterministic text streamed over SSE, checked byte for byte.
+	const n = 12 << 20
+	script := fmt.Sprintf("import sys\nb=bytes((i*7+3)%%26+97 for i in range(65536))\nfor _ in range(%d): sys.stdout.buffer.write(b)\n", n/65536)
+	resp := s.stream("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": []string{"python3", "-c", script}}, nil)
+	h := sha256.New()
+	total := 0
+	readSSE(t, resp.Body, func(e sseEvent) bool {
+		if e.Event == "stdout" {
+			var d struct{ Data string }
+			json.Unmarshal([]byte(e.Data), &d)
+			h.Write([]byte(d.Data))
+			total += len(d.Data)
+		}
+		return true
+	})
+	want := sha256.New()
+	block := make([]byte, 65536)
+	for i := range block {
+		block[i] = byte((i*7+3)%26 + 97)
+	}
+	for i := 0; i < n/65536; i++ {
+		want.Write(block)
+	}
+	if total != n || !bytes.Equal(h.Sum(nil), want.Sum(nil)) {
+		t.Fatalf("large output: got %d bytes (want %d), digest match %v", total, n, bytes.Equal(h.Sum(nil), want.Sum(nil)))
+	}
+	// Binary output comes back base64-encoded, intact.
+	var r execResult
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"printf", `\377\376\000\001`}}, &r)
+	got, _ := base64.StdEncoding.DecodeString(r.StdoutB64)
+	if !bytes.Equal(got, []byte{0xff, 0xfe, 0, 1}) {
+		t.Errorf("binary output: %+v", r)
+	}
+	resp = s.stream("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": []string{"printf", `\377\376`}}, nil)
+	sawB64 := false
+	readSSE(t, resp.Body, func(e sseEvent) bool {
+		if e.Event == "stdout" {
+			var d struct {
+				DataB64 string `json:"data_b64"`
+			}
+			json.Unmarshal([]byte(e.Data), &d)
+			b, _ := base64.StdEncoding.DecodeString(d.DataB64)
+			sawB64 = bytes.Equal(b, []byte{0xff, 0xfe})
+		}
+		return true
+	})
+	if !sawB64 {
+		t.Errorf("SSE binary chunk not sent as data_b64")
+	}
+}
+
+func TestBackgroundReattachStdinSignal(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	var bg struct{ PID int }
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{
+		"cmd": "for i in 1 2 3 4 5; do echo line$i; sleep 0.1; done", "background": true,
+	}, &bg); code != 202 || bg.PID <= 0 {
+		t.Fatalf("background exec: %d %+v", code, bg)
+	}
+	// Listed while running.
+	var ps struct {
+		Processes []struct {
+			PID     int  `json:"pid"`
+			Running bool `json:"running"`
+		}
+	}
+	s.do("GET", "/v1/sandboxes/"+id+"/processes", s.key, nil, &ps)
+	found := false
+	for _, p := range ps.Processes {
+		found = found || p.PID == bg.PID
+	}
+	if !found {
+		t.Errorf("background process %d not listed: %+v", bg.PID, ps)
+	}
+	// Re-attach from the start, collect all ids.
+	events := func(hdr map[string]string) []sseEvent {
+		var out []sseEvent
+		resp := s.stream("GET", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/events", id, bg.PID), nil, hdr)
+		readSSE(t, resp.Body, func(e sseEvent) bool { out = append(out, e); return true })
+		return out
+	}
+	all := events(nil)
+	if len(all) < 7 || all[0].Event != "start" || all[len(all)-1].Event != "exit" {
+		t.Fatalf("full replay: %+v", all)
+	}
+	// Replay after the third event: exactly the rest.
+	rest := events(map[string]string{"Last-Event-ID": all[2].ID})
+	if len(rest) != len(all)-3 || rest[0].ID != all[3].ID {
+		t.Fatalf("replay from Last-Event-ID %s: got %d events starting %+v; want %d from id %s", all[2].ID, len(rest), rest[0], len(all)-3, all[3].ID)
+	}
+
+	// stdin: a background cat with stdin kept open.
+	var cat struct{ PID int }
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"cat"}, "background": true, "open_stdin": true}, &cat)
+	req, _ := http.NewRequest("POST", fmt.Sprintf("%s/v1/sandboxes/%s/processes/%d/stdin?eof=true", s.url, id, cat.PID), strings.NewReader("typed input"))
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 204 {
+		t.Fatalf("stdin: %v %v", err, resp)
+	}
+	resp.Body.Close()
+	out := ""
+	for _, e := range events(nil) {
+		if e.Event == "stdout" {
+			var d struct{ Data string }
+			json.Unmarshal([]byte(e.Data), &d)
+			out += d.Data
+		}
+	}
+	_ = cat
+	if out != "typed input" {
+		t.Errorf("cat echoed %q", out)
+	}
+
+	// signal
+	var sl struct{ PID int }
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"sleep", "300"}, "background": true}, &sl)
+	if code := s.do("POST", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/signal", id, sl.PID), s.key, map[string]string{"signal": "SIGTERM"}, nil); code != 204 {
+		t.Fatalf("signal: %d", code)
+	}
+	resp2 := s.stream("GET", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/events", id, sl.PID), nil, nil)
+	var exitData string
+	readSSE(t, resp2.Body, func(e sseEvent) bool {
+		if e.Event == "exit" {
+			exitData = e.Data
+		}
+		return true
+	})
+	if !strings.Contains(exitData, "SIGTERM") {
+		t.Errorf("exit after SIGTERM: %s", exitData)
+	}
+	var e apiError
+	if code := s.do("GET", fmt.Sprintf("/v1/sandboxes/%s/processes/99999/events", id), s.key, nil, &e); code != 404 {
+		t.Errorf("events of unknown pid: %d %+v", code, e)
+	}
+}
+
+// detReader yields n deterministic pseudo-random bytes.
+func detReader(seed int64, n int64) io.Reader {
+	return io.LimitReader(rand.New(rand.NewSource(seed)), n)
+}
+
+func digest(r io.Reader) ([]byte, int64) {
+	h := sha256.New()
+	n, _ := io.Copy(h, r)
+	return h.Sum(nil), n
+}
+
+func (s *server) put(id, path string, body io.Reader) int {
+	req, _ := http.NewRequest("PUT", s.url+"/v1/sandboxes/"+id+"/files?path="+urlEscape(path), body)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func (s *server) get(id, path string) (*http.Response, error) {
+	req, _ := http.NewRequest("GET", s.url+"/v1/sandboxes/"+id+"/files?path="+urlEscape(path), nil)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	return http.DefaultClient.Do(req)
+}
+
+func TestFiles(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	cases := []struct {
+		path string
+		size int64
+	}{
+		{"/home/user/one.bin", 1},
+		{"/home/user/a/b/c/nested.txt", 1000},
+		{"/home/user/données/日本語 файл.txt", 4096},
+		{"relative/100mb.bin", 100 << 20},
+	}
+	for i, c := range cases {
+		if code := s.put(id, c.path, detReader(int64(i), c.size)); code != 200 {
+			t.Fatalf("PUT %s: %d", c.path, code)
+		}
+		resp, err := s.get(id, c.path)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("GET %s: %v %v", c.path, err, resp)
+		}
+		got, n := digest(resp.Body)
+		resp.Body.Close()
+		want, _ := digest(detReader(int64(i), c.size))
+		if n != c.size || !bytes.Equal(got, want) {
+			t.Errorf("%s: round trip %d bytes (want %d), digest equal %v", c.path, n, c.size, bytes.Equal(got, want))
+		}
+	}
+	// The sandbox sees the same bytes.
+	if r := s.sh(id, "stat -c %s /home/user/relative/100mb.bin; stat -c %U /home/user/one.bin"); r.Stdout != fmt.Sprintf("%d\nuser\n", 100<<20) {
+		t.Errorf("inside: %+v", r)
+	}
+	var list struct {
+		Entries []struct {
+			Name string `json:"name"`
+			Path string `json:"path"`
+			Type string `json:"type"`
+		}
+	}
+	if code := s.do("GET", "/v1/sandboxes/"+id+"/files/list?path=/home/user/a&depth=3", s.key, nil, &list); code != 200 {
+		t.Fatalf("list: %d", code)
+	}
+	paths := []string{}
+	for _, e := range list.Entries {
+		paths = append(paths, e.Path+":"+e.Type)
+	}
+	joined := strings.Join(paths, ",")
+	for _, want := range []string{"/home/user/a/b:dir", "/home/user/a/b/c:dir", "/home/user/a/b/c/nested.txt:file"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("list depth 3 lacks %s: %s", want, joined)
+		}
+	}
+	var fi struct {
+		Size int64
+		Type string
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/files/mkdir", s.key, map[string]string{"path": "/home/user/new/dir"}, &fi); code != 200 || fi.Type != "dir" {
+		t.Errorf("mkdir: %d %+v", code, fi)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/files/move", s.key, map[string]string{"from": "/home/user/one.bin", "to": "/home/user/new/dir/moved.bin"}, &fi); code != 200 {
+		t.Errorf("move: %d", code)
+	}
+	if code := s.do("GET", "/v1/sandboxes/"+id+"/files/stat?path=/home/user/new/dir/moved.bin", s.key, nil, &fi); code != 200 || fi.Size != 1 || fi.Type != "file" {
+		t.Errorf("stat moved: %d %+v", code, fi)
+	}
+	var e apiError
+	if code := s.do("GET", "/v1/sandboxes/"+id+"/files/stat?path=/home/user/one.bin", s.key, nil, &e); code != 404 || e.Error != "not_found" {
+		t.Errorf("stat of moved-away file: %d %+v", code, e)
+	}
+	if code := s.do("DELETE", "/v1/sandboxes/"+id+"/files?path=/home/user/a&recursive=true", s.key, nil, nil); code != 204 {
+		t.Errorf("delete dir: %d", code)
+	}
+	if r := s.sh(id, "test -e /home/user/a && echo exists || echo gone"); r.Stdout != "gone\n" {
+		t.Errorf("after delete: %q", r.Stdout)
+	}
+}
+
+func urlEscape(p string) string {
+	var b strings.Builder
+	for _, c := range []byte(p) {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '/' || c == '.' || c == '-' || c == '_' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}

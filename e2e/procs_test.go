@@ -1,0 +1,32 @@
+package e2e
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// runscProcs returns the pids of runsc processes whose command line names
+// the data dir (every runsc the server starts gets --root under it).
+func runscProcs(data string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		cl := strings.ReplaceAll(string(b), "\x00", " ")
+		if strings.Contains(cl, "runsc") && strings.Contains(cl, data) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func syscallKill(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }

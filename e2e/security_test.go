@@ -1,0 +1,319 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+func TestBadInput(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	countSandboxes := func() int {
+		var list struct{ Sandboxes []sandboxView }
+		s.do("GET", "/v1/sandboxes?state=creating,running,paused,stopping,stopped,error", s.key, nil, &list)
+		return len(list.Sandboxes)
+	}
+	before := countSandboxes()
+	big := `{"template":"base","metadata":{"k":"` + strings.Repeat("x", 2<<20) + `"}}`
+	cases := []struct {
+		name, method, path, key string
+		body                    any
+		status                  int
+		code                    string
+	}{
+		{"malformed JSON", "POST", "/v1/sandboxes", s.key, `{"template": "base",`, 400, "invalid_argument"},
+		{"not an object", "POST", "/v1/sandboxes", s.key, `[1,2]`, 400, "invalid_argument"},
+		{"unknown field", "POST", "/v1/sandboxes", s.key, `{"tempalte":"base"}`, 400, "invalid_argument"},
+		{"unknown template", "POST", "/v1/sandboxes", s.key, `{"template":"no-such-template"}`, 404, "not_found"},
+		{"bad template name", "POST", "/v1/sandboxes", s.key, `{"template":"../etc"}`, 400, "invalid_argument"},
+		{"negative memory", "POST", "/v1/sandboxes", s.key, `{"memory_mb":-5}`, 400, "invalid_argument"},
+		{"huge cpu", "POST", "/v1/sandboxes", s.key, `{"cpu":1000}`, 400, "invalid_argument"},
+		{"bad env name", "POST", "/v1/sandboxes", s.key, `{"env":{"A=B":"x"}}`, 400, "invalid_argument"},
+		{"oversized body", "POST", "/v1/sandboxes", s.key, big, 413, "too_large"},
+		{"no key", "GET", "/v1/sandboxes", "", nil, 401, "unauthenticated"},
+		{"wrong key", "GET", "/v1/sandboxes", "sk_space_wrong", nil, 401, "unauthenticated"},
+		{"unknown id", "GET", "/v1/sandboxes/sb-aaaaaaaaaaaaaaaa", s.key, nil, 404, "not_found"},
+		{"garbage id", "DELETE", "/v1/sandboxes/..%2F..%2Fetc", s.key, nil, 404, "not_found"},
+		{"path traversal read", "GET", "/v1/sandboxes/" + id + "/files?path=/home/user/../../etc/passwd", s.key, nil, 400, "invalid_argument"},
+		{"path traversal write", "PUT", "/v1/sandboxes/" + id + "/files?path=../x", s.key, "data", 400, "invalid_argument"},
+		{"NUL in path", "GET", "/v1/sandboxes/" + id + "/files/stat?path=/tmp/a%00b", s.key, nil, 400, "invalid_argument"},
+		{"missing path", "GET", "/v1/sandboxes/" + id + "/files", s.key, nil, 400, "invalid_argument"},
+		{"read missing file", "GET", "/v1/sandboxes/" + id + "/files?path=/nope", s.key, nil, 404, "not_found"},
+		{"empty cmd", "POST", "/v1/sandboxes/" + id + "/exec", s.key, `{"cmd":[]}`, 400, "invalid_argument"},
+		{"cmd wrong type", "POST", "/v1/sandboxes/" + id + "/exec", s.key, `{"cmd":42}`, 400, "invalid_argument"},
+		{"bad pid", "POST", "/v1/sandboxes/" + id + "/processes/abc/signal", s.key, `{"signal":"SIGTERM"}`, 400, "invalid_argument"},
+		{"bad depth", "GET", "/v1/sandboxes/" + id + "/files/list?path=/&depth=99", s.key, nil, 400, "invalid_argument"},
+		{"bad timeout", "POST", "/v1/sandboxes/" + id + "/timeout", s.key, `{"timeout_s":0}`, 400, "invalid_argument"},
+		{"bad state filter", "GET", "/v1/sandboxes?state=flying", s.key, nil, 400, "invalid_argument"},
+		{"unknown route", "GET", "/v1/nothing", s.key, nil, 404, "not_found"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s.t = t
+			var e apiError
+			code := s.do(c.method, c.path, c.key, c.body, &e)
+			if code != c.status || e.Code != c.status || e.Error != c.code || e.Message == "" {
+				t.Errorf("got %d %+v, want %d %s", code, e, c.status, c.code)
+			}
+		})
+	}
+	s.t = t
+	if after := countSandboxes(); after != before {
+		t.Errorf("sandboxes before %d, after %d: bad input changed state", before, after)
+	}
+	if r := s.sh(id, "echo still fine"); r.Stdout != "still fine\n" {
+		t.Errorf("sandbox after bad input: %+v", r)
+	}
+}
+
+func TestTenants(t *testing.T) {
+	s := sharedServer(t)
+	mine := s.create(nil)
+	var k1, k2 struct{ Key, Team, ID string }
+	if code := s.do("POST", "/v1/keys", s.key, map[string]string{"team": "alpha"}, &k1); code != 201 || !strings.HasPrefix(k1.Key, "sk_space_") {
+		t.Fatalf("create key: %d %+v", code, k1)
+	}
+	s.do("POST", "/v1/keys", s.key, map[string]string{"team": "beta"}, &k2)
+	// A team key cannot manage keys.
+	var e apiError
+	if code := s.do("POST", "/v1/keys", k1.Key, map[string]string{"team": "gamma"}, &e); code != 403 {
+		t.Errorf("team key created a key: %d", code)
+	}
+	var sb sandboxView
+	if code := s.do("POST", "/v1/sandboxes", k1.Key, map[string]any{}, &sb); code != 201 {
+		t.Fatalf("alpha create: %d", code)
+	}
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/v1/sandboxes/" + sb.ID},
+		{"DELETE", "/v1/sandboxes/" + sb.ID},
+		{"POST", "/v1/sandboxes/" + sb.ID + "/exec"},
+		{"GET", "/v1/sandboxes/" + sb.ID + "/files?path=/etc/hostname"},
+		{"POST", "/v1/sandboxes/" + sb.ID + "/timeout"},
+	} {
+		var body any
+		if c.method == "POST" {
+			body = map[string]any{"cmd": "true", "timeout_s": 10}
+			if strings.HasSuffix(c.path, "timeout") {
+				body = map[string]any{"timeout_s": 10}
+			}
+		}
+		if code := s.do(c.method, c.path, k2.Key, body, &e); code != 404 {
+			t.Errorf("beta %s %s on alpha's sandbox: %d, want 404", c.method, c.path, code)
+		}
+	}
+	var list struct{ Sandboxes []sandboxView }
+	s.do("GET", "/v1/sandboxes", k2.Key, nil, &list)
+	if len(list.Sandboxes) != 0 {
+		t.Errorf("beta lists %d sandboxes", len(list.Sandboxes))
+	}
+	s.do("GET", "/v1/sandboxes", k1.Key, nil, &list)
+	if len(list.Sandboxes) != 1 || list.Sandboxes[0].ID != sb.ID {
+		t.Errorf("alpha lists %+v", list.Sandboxes)
+	}
+	if code := s.do("GET", "/v1/sandboxes/"+mine, k1.Key, nil, &e); code != 404 {
+		t.Errorf("alpha sees admin's sandbox: %d", code)
+	}
+	// Still alive after beta's attempts.
+	if code := s.do("GET", "/v1/sandboxes/"+sb.ID, k1.Key, nil, &sb); code != 200 || sb.State != "running" {
+		t.Errorf("alpha's sandbox after beta's attempts: %d %+v", code, sb)
+	}
+	// A deleted key stops working.
+	if code := s.do("DELETE", "/v1/keys/"+k2.ID, s.key, nil, nil); code != 204 {
+		t.Errorf("delete key: %d", code)
+	}
+	if code := s.do("GET", "/v1/sandboxes", k2.Key, nil, &e); code != 401 {
+		t.Errorf("deleted key: %d", code)
+	}
+}
+
+func TestPTY(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	wsURL := strings.Replace(s.url, "http://", "ws://", 1) + "/v1/sandboxes/" + id + "/pty?cols=100&rows=30&cmd=/bin/bash"
+	conn, _, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + s.key}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseNow()
+	var screen strings.Builder
+	readUntil := func(want string) {
+		t.Helper()
+		for !strings.Contains(screen.String(), want) {
+			typ, data, err := conn.Read(ctx)
+			if err != nil {
+				t.Fatalf("waiting for %q: %v; screen so far %q", want, err, screen.String())
+			}
+			if typ == websocket.MessageBinary {
+				screen.Write(data)
+			} else {
+				screen.WriteString("\x00" + string(data))
+			}
+		}
+	}
+	conn.Write(ctx, websocket.MessageBinary, []byte("stty size; echo MARK$((6*7))\n"))
+	readUntil("MARK42")
+	if !strings.Contains(screen.String(), "30 100") {
+		t.Errorf("initial size not applied: %q", screen.String())
+	}
+	resize, _ := json.Marshal(map[string]any{"type": "resize", "cols": 120, "rows": 40})
+	conn.Write(ctx, websocket.MessageText, resize)
+	time.Sleep(100 * time.Millisecond) // resize is asynchronous to input on the terminal
+	conn.Write(ctx, websocket.MessageBinary, []byte("stty size; tty; exit 3\n"))
+	readUntil(`"exit_code":3`)
+	if !strings.Contains(screen.String(), "40 120") || !strings.Contains(screen.String(), "/dev/pts/") {
+		t.Errorf("after resize: %q", screen.String())
+	}
+}
+
+func TestTimeoutExpiry(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(map[string]any{"timeout_s": 2})
+	var sb sandboxView
+	waitFor(t, "sandbox to time out", 60*time.Second, func() bool {
+		s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb)
+		return sb.State == "stopped"
+	})
+	if sb.Reason != "timeout" {
+		t.Errorf("reason %q", sb.Reason)
+	}
+	// Extending a live sandbox's timeout keeps it alive.
+	id2 := s.create(map[string]any{"timeout_s": 2})
+	if code := s.do("POST", "/v1/sandboxes/"+id2+"/timeout", s.key, map[string]int{"timeout_s": 600}, &sb); code != 200 {
+		t.Fatalf("set timeout: %d", code)
+	}
+	time.Sleep(3 * time.Second) // past the original 2 s expiry
+	s.do("GET", "/v1/sandboxes/"+id2, s.key, nil, &sb)
+	if sb.State != "running" {
+		t.Errorf("extended sandbox is %s", sb.State)
+	}
+}
+
+func TestIsolation(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(map[string]any{"memory_mb": 256, "cpu": 1})
+	wd, _ := os.Getwd()
+	if r := s.sh(id, "ls "+wd+" 2>&1; echo rc=$?"); !strings.Contains(r.Stdout, "rc=2") {
+		t.Errorf("host checkout visible inside: %q", r.Stdout)
+	}
+	// Host processes are invisible: only the sandbox's own.
+	r := s.sh(id, "ps -e -o comm=")
+	for _, p := range strings.Fields(r.Stdout) {
+		switch p {
+		case "space-agent", "ps", "bash", "sh":
+		default:
+			t.Errorf("unexpected process visible inside: %q (all: %q)", p, r.Stdout)
+		}
+	}
+	if r := s.sh(id, "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '"); strings.TrimSpace(r.Stdout) != "lo" {
+		t.Errorf("interfaces: %q", r.Stdout)
+	}
+	if r := s.sh(id, "uname -r"); strings.TrimSpace(r.Stdout) == hostKernel() {
+		t.Errorf("guest sees the host kernel %q", r.Stdout)
+	}
+	// A template file changed in one sandbox stays in that sandbox.
+	var rr execResult
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "echo changed >> /etc/os-release", "user": "root"}, &rr)
+	other := s.create(nil)
+	if r := s.sh(other, "grep -c changed /etc/os-release"); strings.TrimSpace(r.Stdout) != "0" {
+		t.Errorf("template change leaked to another sandbox: %q", r.Stdout)
+	}
+	// Memory hog: killed inside, host and server fine.
+	hog := s.sh(id, "python3 -c 'x = bytearray(1024*1024*1024); print(len(x))'")
+	if hog.ExitCode == 0 {
+		t.Errorf("1 GiB allocation succeeded in a 256 MB sandbox: %+v", hog)
+	}
+	// Fork bomb: contained by the pids limit; the server and other
+	// sandboxes keep answering while it runs.
+	var bomb struct{ PID int }
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "b() { b | b & }; b", "background": true, "timeout_s": 20}, &bomb)
+	time.Sleep(2 * time.Second) // let it hit the limit
+	start := time.Now()
+	if r := s.sh(other, "echo alive"); r.Stdout != "alive\n" {
+		t.Errorf("other sandbox during fork bomb: %+v", r)
+	}
+	var h map[string]string
+	if code := s.do("GET", "/healthz", "", nil, &h); code != 200 {
+		t.Errorf("healthz during fork bomb: %d", code)
+	}
+	t.Logf("other sandbox answered in %v during the fork bomb", time.Since(start))
+	if code := s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil); code != 204 {
+		t.Errorf("kill fork-bombed sandbox: %d", code)
+	}
+}
+
+func hostKernel() string {
+	out, _ := exec.Command("uname", "-r").Output()
+	return strings.TrimSpace(string(out))
+}
+
+func TestRestartRecovers(t *testing.T) {
+	s := startServer(t, "")
+	keep := s.create(nil)
+	gone := s.create(nil)
+	var bg struct{ PID int }
+	s.do("POST", "/v1/sandboxes/"+keep+"/exec", s.key, map[string]any{"cmd": "sleep 1000", "background": true}, &bg)
+	s.put(keep, "/home/user/state.txt", strings.NewReader("before restart"))
+	s.kill9()
+	// While the server is down, one sandbox dies on its own.
+	runscKill(t, s.data, gone)
+	s.start()
+	var sb sandboxView
+	s.do("GET", "/v1/sandboxes/"+keep, s.key, nil, &sb)
+	if sb.State != "running" {
+		t.Fatalf("after restart: %+v", sb)
+	}
+	if r := s.sh(keep, "cat /home/user/state.txt"); r.Stdout != "before restart" {
+		t.Errorf("file after restart: %+v", r)
+	}
+	var ps struct {
+		Processes []struct {
+			PID     int  `json:"pid"`
+			Running bool `json:"running"`
+		}
+	}
+	s.do("GET", "/v1/sandboxes/"+keep+"/processes", s.key, nil, &ps)
+	alive := false
+	for _, p := range ps.Processes {
+		alive = alive || (p.PID == bg.PID && p.Running)
+	}
+	if !alive {
+		t.Errorf("background process %d not running after restart: %+v", bg.PID, ps)
+	}
+	s.do("GET", "/v1/sandboxes/"+gone, s.key, nil, &sb)
+	if sb.State != "stopped" || !strings.Contains(sb.Reason, "lost") {
+		t.Errorf("sandbox that died while the server was down: %+v", sb)
+	}
+	// Kill everything: no runsc process of this data dir may remain.
+	s.do("DELETE", "/v1/sandboxes/"+keep, s.key, nil, nil)
+	waitFor(t, "runsc processes to exit", 20*time.Second, func() bool { return len(runscProcs(s.data)) == 0 })
+}
+
+// runscKill kills a sandbox behind the server's back.
+func runscKill(t *testing.T, data, id string) {
+	for _, pid := range runscProcs(data) {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.Contains(string(cmdline), id) {
+			_ = syscallKill(pid)
+		}
+	}
+	waitFor(t, "sandbox "+id+" to die", 20*time.Second, func() bool {
+		for _, pid := range runscProcs(data) {
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if strings.Contains(string(cmdline), id) {
+				return false
+			}
+		}
+		return true
+	})
+}

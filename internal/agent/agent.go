@@ -1,0 +1,157 @@
+// Package agent is the guest side of space: the space-agent program that
+// runs inside every sandbox (as PID 1) and serves the agentproto HTTP API
+// over a yamux session to the host — processes with buffered, re-attachable
+// output, PTYs, files and inotify watches.
+//
+// The agent imports only agentproto, errdefs, the standard library, x/sys,
+// yamux and creack/pty, and is built as a static binary (CGO_ENABLED=0).
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Options configure an Agent. The zero value is the production setup.
+type Options struct {
+	// User is the default user processes run as and files are owned by
+	// ("user" when empty).
+	User string
+	// Home resolves relative file paths ("/home/user" when empty).
+	Home string
+	// MaxOutput is the retained output per process (8 MiB when 0).
+	MaxOutput int
+	// ReapAll makes the agent reap every child, orphans included (set it
+	// when the agent is PID 1; Run does).
+	ReapAll bool
+	// Logger receives diagnostics (discarded when nil).
+	Logger *slog.Logger
+}
+
+// Agent serves the agent protocol. Processes and their output belong to
+// the Agent, not to a connection, so they survive reconnects.
+type Agent struct {
+	opts    Options
+	log     *slog.Logger
+	reaper  *reaper
+	handler http.Handler
+
+	mu        sync.Mutex
+	procs     map[int]*process
+	initEnv   map[string]string
+	sandboxID string
+}
+
+// New returns an Agent. Close it to stop its reaper and kill its processes.
+func New(opts Options) *Agent {
+	if opts.User == "" {
+		opts.User = "user"
+	}
+	if opts.Home == "" {
+		opts.Home = "/home/user"
+	}
+	if opts.MaxOutput <= 0 {
+		opts.MaxOutput = 8 << 20
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{
+		opts:   opts,
+		log:    opts.Logger,
+		reaper: newReaper(opts.ReapAll),
+		procs:  map[int]*process{},
+	}
+	a.handler = a.routes()
+	return a
+}
+
+// Handler returns the agent's HTTP handler.
+func (a *Agent) Handler() http.Handler { return a.handler }
+
+// Close kills every running process and stops reaping.
+func (a *Agent) Close() error {
+	a.killAll()
+	// Give the reaper a moment to collect the killed processes.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		a.mu.Lock()
+		running := 0
+		for _, p := range a.procs {
+			if p.snapshot().Running {
+				running++
+			}
+		}
+		a.mu.Unlock()
+		if running == 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	a.reaper.close()
+	return nil
+}
+
+// yamuxConfig is shared by both ends: large stream windows so one stream
+// can carry bulk output, and no yamux logging.
+func yamuxConfig() *yamux.Config {
+	cfg := yamux.DefaultConfig()
+	cfg.MaxStreamWindowSize = 4 << 20
+	cfg.AcceptBacklog = 1024
+	cfg.LogOutput = io.Discard
+	return cfg
+}
+
+// ServeConn serves one yamux session over conn until it breaks.
+func (a *Agent) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
+	defer conn.Close()
+	sess, err := yamux.Server(conn, yamuxConfig())
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	srv := &http.Server{
+		Handler:           a.handler,
+		ReadHeaderTimeout: time.Minute,
+		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	stop := context.AfterFunc(ctx, func() { sess.Close() })
+	defer stop()
+	err = srv.Serve(sess)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// Serve serves every connection t yields until ctx ends or t fails.
+func (a *Agent) Serve(ctx context.Context, t Transport) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		conn, err := t.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		a.log.Debug("session started")
+		wg.Go(func() {
+			err := a.ServeConn(ctx, conn)
+			a.log.Debug("session ended", "err", err)
+		})
+	}
+}

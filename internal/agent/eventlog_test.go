@@ -1,0 +1,125 @@
+package agent
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+)
+
+func data(n int) agentproto.Event {
+	return agentproto.Event{Type: agentproto.EventStdout, Data: make([]byte, n)}
+}
+
+func TestEventLogDropsOldestWithoutSubscribers(t *testing.T) {
+	l := newEventLog(1000)
+	for range 100 {
+		l.append(data(100))
+	}
+	if l.bytes > 1000 || l.first == 1 || l.next != 101 {
+		t.Fatalf("bytes %d first %d next %d", l.bytes, l.first, l.next)
+	}
+	s := l.subscribe(1)
+	defer s.close()
+	batch, last, err := s.next(context.Background(), false, nil)
+	if err != nil || !last {
+		t.Fatalf("last %v err %v", last, err)
+	}
+	if batch[0].Type != agentproto.EventTruncated || batch[0].Seq != l.first || batch[1].Seq != l.first {
+		t.Fatalf("batch starts %+v %+v", batch[0], batch[1])
+	}
+	if got := batch[len(batch)-1].Seq; got != 100 {
+		t.Fatalf("last seq %d", got)
+	}
+}
+
+func TestEventLogBackpressure(t *testing.T) {
+	l := newEventLog(1000)
+	s := l.subscribe(1)
+	appended := make(chan uint64, 100)
+	go func() {
+		for range 50 {
+			l.append(data(100))
+			appended <- 1
+		}
+		l.append(agentproto.Event{Type: agentproto.EventExit})
+		close(appended)
+	}()
+	// The writer stalls once the log is full of events s has not taken.
+	time.Sleep(50 * time.Millisecond)
+	if n := len(appended); n > 7 {
+		t.Fatalf("%d appends went through a full log", n)
+	}
+	var seqs []uint64
+	for {
+		batch, last, err := s.next(context.Background(), true, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range batch {
+			if ev.Type == agentproto.EventTruncated {
+				t.Fatal("subscriber lost events")
+			}
+			seqs = append(seqs, ev.Seq)
+		}
+		if last {
+			break
+		}
+	}
+	for i, seq := range seqs {
+		if seq != uint64(i+1) {
+			t.Fatalf("seq %d at %d", seq, i)
+		}
+	}
+	if len(seqs) != 51 {
+		t.Fatalf("%d events", len(seqs))
+	}
+	// A subscriber leaving releases the writer.
+	l2 := newEventLog(200)
+	s2 := l2.subscribe(1)
+	done := make(chan struct{})
+	go func() {
+		for range 10 {
+			l2.append(data(100))
+		}
+		close(done)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	s2.close()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("writer still blocked after the subscriber left")
+	}
+}
+
+func TestResolve(t *testing.T) {
+	a := &Agent{opts: Options{Home: "/home/user"}}
+	for in, want := range map[string]string{
+		"f":            "/home/user/f",
+		"a//b/./c/":    "/home/user/a/b/c",
+		"/tmp/x":       "/tmp/x",
+		"/":            "/",
+		"...":          "/home/user/...",
+		"..foo/x":      "/home/user/..foo/x",
+		"/a/b/../../c": "",
+		"..":           "",
+		"a\x00":        "",
+		"":             "",
+	} {
+		got, err := a.resolve(in)
+		if (err != nil) != (want == "") || got != want {
+			t.Errorf("resolve(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
+
+func TestParseSignal(t *testing.T) {
+	for in, want := range map[string]int{"SIGTERM": 15, "term": 15, "9": 9, "KILL": 9, "sigint": 2, "BOGUS": 0, "0": 0} {
+		got, err := parseSignal(in)
+		if (err != nil) != (want == 0) || int(got) != want {
+			t.Errorf("parseSignal(%q) = %d, %v", in, got, err)
+		}
+	}
+}

@@ -1,0 +1,408 @@
+package agent
+
+import (
+	"errors"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+const (
+	maxListDepth   = 10
+	maxListEntries = 10000
+)
+
+// resolve validates a request path and makes it absolute: relative paths
+// are taken from the home directory; NUL bytes and ".." segments are
+// refused rather than cleaned away, so a path never escapes where it looks
+// like it points.
+func (a *Agent) resolve(p string) (string, error) {
+	if p == "" {
+		return "", errdefs.InvalidArgument("path is required")
+	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return "", errdefs.InvalidArgument("path contains a NUL byte")
+	}
+	for seg := range strings.SplitSeq(p, "/") {
+		if seg == ".." {
+			return "", errdefs.InvalidArgument("path %q contains a .. segment", p)
+		}
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(a.opts.Home, p)
+	}
+	return filepath.Clean(p), nil
+}
+
+// owner resolves the ?user= of a file request (the default user when empty).
+func (a *Agent) owner(name string) (account, error) {
+	if name == "" {
+		name = a.opts.User
+	}
+	return lookupUser(name)
+}
+
+// names caches uid → user name within one request.
+type names map[uint32]string
+
+func (n names) lookup(uid uint32) string {
+	if s, ok := n[uid]; ok {
+		return s
+	}
+	s := strconv.FormatUint(uint64(uid), 10)
+	if u, err := user.LookupId(s); err == nil {
+		s = u.Username
+	}
+	n[uid] = s
+	return s
+}
+
+func fileInfo(path string, fi fs.FileInfo, n names) agentproto.FileInfo {
+	info := agentproto.FileInfo{
+		Name:    fi.Name(),
+		Path:    path,
+		Size:    fi.Size(),
+		Mode:    uint32(fi.Mode().Perm()),
+		ModTime: fi.ModTime().UTC(),
+	}
+	switch m := fi.Mode(); {
+	case m.IsRegular():
+		info.Type = "file"
+	case m.IsDir():
+		info.Type = "dir"
+	case m&fs.ModeSymlink != 0:
+		info.Type = "symlink"
+		info.Target, _ = os.Readlink(path)
+	default:
+		info.Type = "other"
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && n != nil {
+		info.Owner = n.lookup(st.Uid)
+	}
+	return info
+}
+
+func stat(path string) (agentproto.FileInfo, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return agentproto.FileInfo{}, osError(err)
+	}
+	return fileInfo(path, fi, names{}), nil
+}
+
+// mkdirAll creates dir and its missing parents, giving each created one
+// to acct.
+func mkdirAll(dir string, acct account) error {
+	fi, err := os.Stat(dir)
+	if err == nil {
+		if !fi.IsDir() {
+			return errdefs.Conflict("%s exists and is not a directory", dir)
+		}
+		return nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return osError(err)
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := mkdirAll(parent, acct); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+				return nil // created concurrently
+			}
+		}
+		return osError(err)
+	}
+	acct.chown(dir)
+	return nil
+}
+
+func (a *Agent) handleRead(w http.ResponseWriter, r *http.Request) {
+	path, err := a.resolve(r.URL.Query().Get("path"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	if fi.IsDir() {
+		writeError(w, errdefs.InvalidArgument("%s is a directory", path))
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if fi.Mode().IsRegular() {
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
+	}
+	w.WriteHeader(http.StatusOK)
+	defer abortOnDone(r, http.NewResponseController(w))()
+	buf := make([]byte, 256<<10)
+	_, _ = io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{f}, buf)
+}
+
+// handleWrite streams the body into a temporary file next to the target
+// and renames it into place, so readers never see a half-written file.
+func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	path, err := a.resolve(q.Get("path"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	acct, err := a.owner(q.Get("user"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	mode := os.FileMode(0o644)
+	if s := q.Get("mode"); s != "" {
+		m, err := strconv.ParseUint(s, 8, 32)
+		if err != nil || m > 0o7777 {
+			writeError(w, errdefs.InvalidArgument("bad mode %q (octal)", s))
+			return
+		}
+		mode = os.FileMode(m)
+	} else if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
+		mode = fi.Mode().Perm() // overwriting keeps the mode
+	}
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		writeError(w, errdefs.Conflict("%s is a directory", path))
+		return
+	}
+	dir := filepath.Dir(path)
+	if err := mkdirAll(dir, acct); err != nil {
+		writeError(w, err)
+		return
+	}
+	tmp, err := os.CreateTemp(dir, ".space-write-*")
+	if err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	buf := make([]byte, 256<<10)
+	if _, err := io.CopyBuffer(struct{ io.Writer }{tmp}, struct{ io.Reader }{r.Body}, buf); err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			writeError(w, osError(err))
+		} else {
+			writeError(w, errdefs.InvalidArgument("read body: %v", err))
+		}
+		return
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	acct.chown(tmp.Name())
+	if err := tmp.Close(); err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	ok = true
+	info, err := stat(path)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, info)
+}
+
+func (a *Agent) handleStat(w http.ResponseWriter, r *http.Request) {
+	path, err := a.resolve(r.URL.Query().Get("path"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	info, err := stat(path)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, info)
+}
+
+// handleList lists a directory to ?depth= levels (1: direct children),
+// without following symlinked directories.
+func (a *Agent) handleList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	path, err := a.resolve(q.Get("path"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	depth := 1
+	if s := q.Get("depth"); s != "" {
+		if depth, err = strconv.Atoi(s); err != nil {
+			writeError(w, errdefs.InvalidArgument("bad depth %q", s))
+			return
+		}
+	}
+	depth = min(max(depth, 1), maxListDepth)
+	fi, err := os.Stat(path)
+	if err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	if !fi.IsDir() {
+		writeError(w, errdefs.InvalidArgument("%s is not a directory", path))
+		return
+	}
+	out := []agentproto.FileInfo{}
+	n := names{}
+	var walk func(dir string, level int) error
+	walk = func(dir string, level int) error {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			if level > 1 {
+				return nil // unreadable subdirectory: list what we can
+			}
+			return osError(err)
+		}
+		for _, e := range entries {
+			if len(out) >= maxListEntries {
+				return nil
+			}
+			p := filepath.Join(dir, e.Name())
+			fi, err := e.Info()
+			if err != nil {
+				continue // removed meanwhile
+			}
+			out = append(out, fileInfo(p, fi, n))
+			if e.IsDir() && level < depth {
+				if err := walk(p, level+1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if err := walk(path, 1); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, out)
+}
+
+func (a *Agent) handleMkdir(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	path, err := a.resolve(q.Get("path"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	acct, err := a.owner(q.Get("user"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := mkdirAll(path, acct); err != nil {
+		writeError(w, err)
+		return
+	}
+	info, err := stat(path)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, info)
+}
+
+func (a *Agent) handleMove(w http.ResponseWriter, r *http.Request) {
+	var req agentproto.MoveRequest
+	if err := readJSON(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	from, err := a.resolve(req.From)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	to, err := a.resolve(req.To)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	acct, err := a.owner(req.User)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if _, err := os.Lstat(from); err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	if err := mkdirAll(filepath.Dir(to), acct); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := os.Rename(from, to); err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	info, err := stat(to)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, info)
+}
+
+func (a *Agent) handleRemove(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	path, err := a.resolve(q.Get("path"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if path == "/" {
+		writeError(w, errdefs.InvalidArgument("refusing to remove /"))
+		return
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	if fi.IsDir() && q.Get("recursive") == "1" {
+		err = os.RemoveAll(path)
+	} else {
+		err = os.Remove(path)
+	}
+	if err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,273 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+func (a *Agent) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+agentproto.PathInfo, a.handleInfo)
+	mux.HandleFunc("POST "+agentproto.PathInit, a.handleInit)
+	mux.HandleFunc("GET "+agentproto.PathProcesses, a.handleProcesses)
+	mux.HandleFunc("POST "+agentproto.PathProcesses, a.handleStart)
+	mux.HandleFunc("GET "+agentproto.PathProcess, a.handleProcess)
+	mux.HandleFunc("GET "+agentproto.PathEvents, a.handleEvents)
+	mux.HandleFunc("POST "+agentproto.PathStdin, a.handleStdin)
+	mux.HandleFunc("POST "+agentproto.PathSignal, a.handleSignal)
+	mux.HandleFunc("POST "+agentproto.PathResize, a.handleResize)
+	mux.HandleFunc("GET "+agentproto.PathFiles, a.handleRead)
+	mux.HandleFunc("PUT "+agentproto.PathFiles, a.handleWrite)
+	mux.HandleFunc("DELETE "+agentproto.PathFiles, a.handleRemove)
+	mux.HandleFunc("GET "+agentproto.PathFilesStat, a.handleStat)
+	mux.HandleFunc("GET "+agentproto.PathFilesList, a.handleList)
+	mux.HandleFunc("POST "+agentproto.PathFilesMkdir, a.handleMkdir)
+	mux.HandleFunc("POST "+agentproto.PathFilesMove, a.handleMove)
+	mux.HandleFunc("GET "+agentproto.PathFilesWatch, a.handleWatch)
+	return mux
+}
+
+// writeError sends err as an agentproto.Error with its class's status.
+func writeError(w http.ResponseWriter, err error) {
+	code, status := errdefs.Classify(err)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(agentproto.Error{Code: code, Message: err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func readJSON(r *http.Request, v any) error {
+	if err := json.NewDecoder(io.LimitReader(r.Body, 16<<20)).Decode(v); err != nil {
+		return errdefs.InvalidArgument("bad request body: %v", err)
+	}
+	return nil
+}
+
+// classOf maps an OS error to its errdefs class.
+func classOf(err error) error {
+	var errno unix.Errno
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return errdefs.ErrNotFound
+	case errors.Is(err, fs.ErrExist), errors.Is(err, unix.ENOTEMPTY), errors.Is(err, unix.EBUSY):
+		return errdefs.ErrConflict
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, unix.EROFS):
+		return errdefs.ErrPermissionDenied
+	case errors.As(err, &errno) && (errno == unix.ENOTDIR || errno == unix.EISDIR || errno == unix.EINVAL ||
+		errno == unix.ENAMETOOLONG || errno == unix.ELOOP || errno == unix.EXDEV || errno == unix.ENOEXEC):
+		return errdefs.ErrInvalidArgument
+	case errors.As(err, &errno) && (errno == unix.ENOSPC || errno == unix.EDQUOT || errno == unix.EFBIG):
+		return errdefs.ErrTooLarge
+	}
+	return errdefs.ErrInternal
+}
+
+// osError wraps an OS error into its class, keeping the (user-safe) text.
+func osError(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, c := range errdefs.Classes {
+		if errors.Is(err, c.Err) {
+			return err // already classified
+		}
+	}
+	return errdefs.Newf(classOf(err), "%v", err)
+}
+
+func unwrapPathErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+func (a *Agent) handleInfo(w http.ResponseWriter, r *http.Request) {
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	host, _ := os.Hostname()
+	writeJSON(w, agentproto.Info{
+		Version:  agentproto.Version,
+		Kernel:   unix.ByteSliceToString(uts.Release[:]),
+		Hostname: host,
+		PID:      os.Getpid(),
+	})
+}
+
+func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
+	var req agentproto.InitRequest
+	if err := readJSON(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Hostname != "" {
+		if err := unix.Sethostname([]byte(req.Hostname)); err != nil {
+			writeError(w, errdefs.Newf(classOf(err), "set hostname: %v", err))
+			return
+		}
+	}
+	if !req.Time.IsZero() {
+		if d := time.Since(req.Time); d > time.Second || d < -time.Second {
+			tv := unix.NsecToTimeval(req.Time.UnixNano())
+			if err := unix.Settimeofday(&tv); err != nil {
+				a.log.Warn("set time", "err", err)
+			}
+		}
+	}
+	if len(req.Seed) > 0 {
+		if err := os.WriteFile("/dev/urandom", req.Seed, 0); err != nil {
+			a.log.Warn("seed entropy", "err", err)
+		}
+	}
+	a.mu.Lock()
+	a.sandboxID, a.initEnv = req.SandboxID, req.Env
+	a.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (a *Agent) handleProcesses(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, a.processes())
+}
+
+func (a *Agent) handleStart(w http.ResponseWriter, r *http.Request) {
+	var req agentproto.StartRequest
+	if err := readJSON(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	p, err := a.start(req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, agentproto.StartResponse{PID: p.pid})
+}
+
+func (a *Agent) handleProcess(w http.ResponseWriter, r *http.Request) {
+	p, err := a.process(r.PathValue("pid"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, p.snapshot())
+}
+
+// handleEvents streams a process's events as NDJSON from ?from= until the
+// exit event (or, with ?follow=0, until the buffer is drained). Output is
+// flushed whenever the stream catches up, so nothing waits in a buffer.
+func (a *Agent) handleEvents(w http.ResponseWriter, r *http.Request) {
+	p, err := a.process(r.PathValue("pid"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	from := uint64(1)
+	if s := r.URL.Query().Get("from"); s != "" {
+		if from, err = strconv.ParseUint(s, 10, 64); err != nil {
+			writeError(w, errdefs.InvalidArgument("bad from %q", s))
+			return
+		}
+	}
+	follow := r.URL.Query().Get("follow") != "0"
+	sub := p.log.subscribe(from)
+	defer sub.close()
+
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	defer abortOnDone(r, rc)()
+	enc := json.NewEncoder(w)
+	var buf []agentproto.Event
+	for {
+		batch, last, err := sub.next(r.Context(), follow, buf)
+		if err != nil {
+			return
+		}
+		for i := range batch {
+			if err := enc.Encode(&batch[i]); err != nil {
+				return
+			}
+		}
+		clear(batch) // drop Data references before waiting
+		buf = batch[:0]
+		if err := rc.Flush(); err != nil {
+			return
+		}
+		if last {
+			return
+		}
+	}
+}
+
+// abortOnDone makes writes fail once the client went away. A yamux close
+// is only a half-close: without this a handler blocked writing into a
+// stream its reader abandoned would wait for a window update forever.
+func abortOnDone(r *http.Request, rc *http.ResponseController) (stop func() bool) {
+	return context.AfterFunc(r.Context(), func() { _ = rc.SetWriteDeadline(time.Unix(1, 0)) })
+}
+
+func (a *Agent) handleStdin(w http.ResponseWriter, r *http.Request) {
+	p, err := a.process(r.PathValue("pid"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := p.writeStdin(r.Context(), r.Body, r.URL.Query().Get("eof") == "1"); err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (a *Agent) handleSignal(w http.ResponseWriter, r *http.Request) {
+	p, err := a.process(r.PathValue("pid"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var req agentproto.SignalRequest
+	if err := readJSON(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := p.signal(req.Signal); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (a *Agent) handleResize(w http.ResponseWriter, r *http.Request) {
+	p, err := a.process(r.PathValue("pid"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var req agentproto.ResizeRequest
+	if err := readJSON(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := p.resize(req); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

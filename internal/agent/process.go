@@ -1,0 +1,450 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+const (
+	readChunk = 64 << 10
+	// exitGrace is how long output pipes may stay open after the process
+	// exited (a background grandchild holding them) before the agent stops
+	// waiting for EOF and reports the exit.
+	exitGrace = 500 * time.Millisecond
+	// Exited processes are listed until either limit is hit.
+	keepExited    = 256
+	keepExitedFor = time.Hour
+)
+
+// process is one process started through the agent. Its output lives in
+// log, independent of any connection to the host.
+type process struct {
+	pid      int
+	log      *eventLog
+	pty      *os.File // PTY master, nil without PTY
+	timedOut atomic.Bool
+	done     chan struct{} // closed after the exit event was appended
+
+	stdinMu sync.Mutex
+	stdin   *os.File // write end of stdin (the PTY master with PTY); nil when closed
+
+	mu   sync.Mutex
+	info agentproto.Process
+}
+
+func (p *process) snapshot() agentproto.Process {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.info
+}
+
+// start starts a process as described by req.
+func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
+	if (len(req.Cmd) == 0) == (req.Shell == "") {
+		return nil, errdefs.InvalidArgument("exactly one of cmd and shell must be set")
+	}
+	name := req.User
+	if name == "" {
+		name = a.opts.User
+	}
+	acct, err := lookupUser(name)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	initEnv := a.initEnv
+	a.mu.Unlock()
+	env := buildEnv(acct, req.PTY != nil, initEnv, req.Env)
+
+	cwd := acct.home
+	if req.Cwd != "" {
+		if cwd, err = a.resolve(req.Cwd); err != nil {
+			return nil, err
+		}
+	}
+	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+		return nil, errdefs.InvalidArgument("working directory %s is not a directory", cwd)
+	}
+	var path string
+	var argv []string
+	if len(req.Cmd) > 0 {
+		argv = req.Cmd
+		if path, err = lookPath(req.Cmd[0], envGet(env, "PATH"), cwd); err != nil {
+			return nil, err
+		}
+	} else {
+		path = "/bin/bash"
+		argv = []string{path, "-lc", req.Shell}
+		if executable(path) != nil {
+			path = "/bin/sh"
+			argv = []string{path, "-c", req.Shell}
+		}
+	}
+
+	p := &process{log: newEventLog(a.opts.MaxOutput), done: make(chan struct{})}
+	var (
+		files     [3]*os.File
+		childEnds []*os.File // closed in the agent after the fork
+		readers   []*os.File // output read ends
+		kinds     []string
+		fail      = func() {
+			for _, f := range childEnds {
+				f.Close()
+			}
+			for _, f := range readers {
+				f.Close()
+			}
+			if p.stdin != nil && p.stdin != p.pty {
+				p.stdin.Close()
+			}
+		}
+	)
+	sys := &syscall.SysProcAttr{Credential: acct.credential()}
+	if req.PTY != nil {
+		master, tty, err := pty.Open()
+		if err != nil {
+			return nil, errdefs.Newf(errdefs.ErrInternal, "open pty: %v", err)
+		}
+		_ = pty.Setsize(master, &pty.Winsize{Rows: req.PTY.Rows, Cols: req.PTY.Cols})
+		p.pty, p.stdin = master, master
+		files = [3]*os.File{tty, tty, tty}
+		childEnds = append(childEnds, tty)
+		readers, kinds = append(readers, master), append(kinds, agentproto.EventStdout)
+		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
+	} else {
+		sys.Setpgid = true
+		for _, kind := range []string{agentproto.EventStdout, agentproto.EventStderr} {
+			r, w, err := os.Pipe()
+			if err != nil {
+				fail()
+				return nil, errdefs.Newf(errdefs.ErrInternal, "pipe: %v", err)
+			}
+			readers, kinds, childEnds = append(readers, r), append(kinds, kind), append(childEnds, w)
+		}
+		files[1], files[2] = childEnds[0], childEnds[1]
+		if req.Stdin || len(req.StdinData) > 0 {
+			r, w, err := os.Pipe()
+			if err != nil {
+				fail()
+				return nil, errdefs.Newf(errdefs.ErrInternal, "pipe: %v", err)
+			}
+			files[0], p.stdin = r, w
+			childEnds = append(childEnds, r)
+		} else {
+			null, err := os.Open(os.DevNull)
+			if err != nil {
+				fail()
+				return nil, errdefs.Newf(errdefs.ErrInternal, "open %s: %v", os.DevNull, err)
+			}
+			files[0] = null
+			childEnds = append(childEnds, null)
+		}
+	}
+
+	var osProc *os.Process
+	pid, exited, err := a.reaper.start(func() (int, error) {
+		pr, err := os.StartProcess(path, argv, &os.ProcAttr{Dir: cwd, Env: env, Files: files[:], Sys: sys})
+		if err != nil {
+			return 0, err
+		}
+		osProc = pr
+		return pr.Pid, nil
+	})
+	for _, f := range childEnds {
+		f.Close()
+	}
+	childEnds = nil
+	if err != nil {
+		fail()
+		return nil, errdefs.Newf(classOf(err), "start %s: %v", argv[0], unwrapPathErr(err))
+	}
+
+	p.pid = pid
+	p.info = agentproto.Process{
+		PID: pid, Cmd: slices.Clone(argv), Tag: req.Tag, User: acct.name, Cwd: cwd,
+		PTY: req.PTY != nil, StartedAt: time.Now().UTC(), Running: true,
+	}
+	p.log.append(agentproto.Event{Type: agentproto.EventStart, PID: pid})
+	a.addProcess(p)
+
+	var pumps sync.WaitGroup
+	for i, r := range readers {
+		pumps.Go(func() { pump(r, kinds[i], p.log) })
+	}
+	if len(req.StdinData) > 0 {
+		p.stdinMu.Lock() // held until the data is written so later writes follow it
+		go func() {
+			defer p.stdinMu.Unlock()
+			_, _ = p.stdin.Write(req.StdinData)
+			if !req.Stdin && p.pty == nil {
+				p.stdin.Close()
+				p.stdin = nil
+			}
+		}()
+	}
+	var timer *time.Timer
+	if req.TimeoutMS > 0 {
+		timer = time.AfterFunc(time.Duration(req.TimeoutMS)*time.Millisecond, func() {
+			p.timedOut.Store(true)
+			_ = unix.Kill(-pid, unix.SIGKILL)
+		})
+	}
+	go func() {
+		ws := <-exited
+		if timer != nil {
+			timer.Stop()
+		}
+		_ = osProc.Release()
+		grace := time.Now().Add(exitGrace)
+		for _, r := range readers {
+			_ = r.SetReadDeadline(grace)
+		}
+		pumps.Wait()
+		for _, r := range readers {
+			if r != p.pty {
+				r.Close()
+			}
+		}
+		ev := agentproto.Event{Type: agentproto.EventExit}
+		code := ws.ExitStatus()
+		if ws.Signaled() {
+			code = 128 + int(ws.Signal())
+			ev.Signal = unix.SignalName(ws.Signal())
+		}
+		ev.ExitCode = &code
+		if p.timedOut.Load() {
+			ev.Error = "timeout"
+		}
+		now := time.Now().UTC()
+		p.mu.Lock()
+		p.info.Running, p.info.ExitCode, p.info.Signal, p.info.ExitedAt = false, &code, ev.Signal, &now
+		p.mu.Unlock()
+		p.stdinMu.Lock()
+		if p.stdin != nil {
+			p.stdin.Close()
+			p.stdin = nil
+		}
+		if p.pty != nil {
+			p.pty.Close()
+		}
+		p.stdinMu.Unlock()
+		p.log.append(ev)
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// pump copies one output stream into the log, one event per read. After
+// the process exited and the grace deadline passed it keeps draining what
+// is immediately readable and gives up at the first empty read, so an
+// orphan holding the pipe cannot delay the exit event forever.
+func pump(r *os.File, kind string, log *eventLog) {
+	buf := make([]byte, readChunk)
+	draining := false
+	var raw syscall.RawConn
+	for {
+		var n int
+		var err error
+		if !draining {
+			n, err = r.Read(buf)
+		} else {
+			rerr := raw.Read(func(fd uintptr) bool {
+				for {
+					n, err = unix.Read(int(fd), buf)
+					if err != unix.EINTR {
+						return true
+					}
+				}
+			})
+			if rerr != nil || err != nil || n == 0 {
+				return
+			}
+		}
+		if n > 0 {
+			var data []byte
+			if n < readChunk/4 {
+				data = append([]byte(nil), buf[:n]...) // don't retain a mostly empty 64 KiB buffer
+			} else {
+				data = buf[:n]
+				buf = make([]byte, readChunk)
+			}
+			log.append(agentproto.Event{Type: kind, Data: data})
+		}
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && !draining {
+				if raw, err = r.SyscallConn(); err != nil {
+					return
+				}
+				draining = true
+				continue
+			}
+			return // EOF, or EIO from a PTY whose other side is gone
+		}
+	}
+}
+
+// addProcess records p and forgets old exited processes.
+func (a *Agent) addProcess(p *process) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.procs[p.pid] = p
+	a.pruneLocked()
+}
+
+func (a *Agent) pruneLocked() {
+	var exited []*process
+	cutoff := time.Now().Add(-keepExitedFor)
+	for pid, p := range a.procs {
+		info := p.snapshot()
+		if info.Running {
+			continue
+		}
+		if info.ExitedAt.Before(cutoff) {
+			delete(a.procs, pid)
+			continue
+		}
+		exited = append(exited, p)
+	}
+	if len(exited) <= keepExited {
+		return
+	}
+	slices.SortFunc(exited, func(x, y *process) int { return x.snapshot().ExitedAt.Compare(*y.snapshot().ExitedAt) })
+	for _, p := range exited[:len(exited)-keepExited] {
+		delete(a.procs, p.pid)
+	}
+}
+
+func (a *Agent) process(pidStr string) (*process, error) {
+	pid, err := strconv.Atoi(pidStr)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("bad pid %q", pidStr)
+	}
+	a.mu.Lock()
+	p, ok := a.procs[pid]
+	a.mu.Unlock()
+	if !ok {
+		return nil, errdefs.NotFound("process %d not found", pid)
+	}
+	return p, nil
+}
+
+func (a *Agent) processes() []agentproto.Process {
+	a.mu.Lock()
+	a.pruneLocked()
+	out := make([]agentproto.Process, 0, len(a.procs))
+	for _, p := range a.procs {
+		out = append(out, p.snapshot())
+	}
+	a.mu.Unlock()
+	slices.SortFunc(out, func(x, y agentproto.Process) int { return x.StartedAt.Compare(y.StartedAt) })
+	return out
+}
+
+// writeStdin copies r to the process's stdin; eof closes it afterwards.
+func (p *process) writeStdin(ctx context.Context, r io.Reader, eof bool) error {
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.stdin == nil {
+		return errdefs.Conflict("stdin of process %d is closed", p.pid)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = p.stdin.SetWriteDeadline(time.Unix(1, 0)) })
+	_, err := io.Copy(struct{ io.Writer }{p.stdin}, r)
+	if !stop() {
+		_ = p.stdin.SetWriteDeadline(time.Time{})
+	}
+	if err != nil {
+		if errors.Is(err, syscall.EPIPE) {
+			return errdefs.Conflict("process %d closed its stdin", p.pid)
+		}
+		return err
+	}
+	if eof {
+		if p.pty != nil {
+			_, err = p.stdin.Write([]byte{4}) // ^D: end of input on a terminal
+			return err
+		}
+		p.stdin.Close()
+		p.stdin = nil
+	}
+	return nil
+}
+
+// signal sends sig to the process's group.
+func (p *process) signal(sig string) error {
+	s, err := parseSignal(sig)
+	if err != nil {
+		return err
+	}
+	if !p.snapshot().Running {
+		return errdefs.Conflict("process %d is not running", p.pid)
+	}
+	if err := unix.Kill(-p.pid, s); err != nil {
+		if err == unix.ESRCH {
+			// Not a group leader any more (or the group is gone): try the process.
+			if err = unix.Kill(p.pid, s); err == nil {
+				return nil
+			}
+			return errdefs.Conflict("process %d is not running", p.pid)
+		}
+		return errdefs.Newf(classOf(err), "signal %d: %v", p.pid, err)
+	}
+	return nil
+}
+
+func parseSignal(s string) (unix.Signal, error) {
+	s = strings.ToUpper(strings.TrimSpace(s))
+	if n, err := strconv.Atoi(s); err == nil && n > 0 && n < 65 {
+		return unix.Signal(n), nil
+	}
+	if !strings.HasPrefix(s, "SIG") {
+		s = "SIG" + s
+	}
+	if sig := unix.SignalNum(s); sig != 0 {
+		return sig, nil
+	}
+	return 0, errdefs.InvalidArgument("unknown signal %q", s)
+}
+
+func (p *process) resize(size agentproto.PTYSize) error {
+	if p.pty == nil {
+		return errdefs.InvalidArgument("process %d has no terminal", p.pid)
+	}
+	if size.Cols == 0 || size.Rows == 0 {
+		return errdefs.InvalidArgument("terminal size must be positive")
+	}
+	p.stdinMu.Lock() // the master is closed under this lock after exit
+	defer p.stdinMu.Unlock()
+	if !p.snapshot().Running {
+		return errdefs.Conflict("process %d is not running", p.pid)
+	}
+	if err := pty.Setsize(p.pty, &pty.Winsize{Rows: size.Rows, Cols: size.Cols}); err != nil {
+		return errdefs.Newf(errdefs.ErrInternal, "resize: %v", err)
+	}
+	return nil
+}
+
+// killAll SIGKILLs every running process group (used on Close).
+func (a *Agent) killAll() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for pid, p := range a.procs {
+		if p.snapshot().Running {
+			_ = unix.Kill(-pid, unix.SIGKILL)
+		}
+	}
+}

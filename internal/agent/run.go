@@ -1,0 +1,86 @@
+package agent
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+
+	"golang.org/x/sys/unix"
+)
+
+// Run is space-agent's main: it parses args (os.Args), serves until the
+// transport ends and returns the exit code.
+func Run(args []string) int {
+	fs := flag.NewFlagSet("space-agent", flag.ContinueOnError)
+	connect := fs.String("connect", "", "dial the host at `addr` (unix:/path) and serve sessions on it, redialing forever")
+	listen := fs.String("listen", "", "listen on `addr` (unix:/path) and serve every connection (for local testing)")
+	stdio := fs.Bool("stdio", false, "serve one session over stdin/stdout")
+	user := fs.String("user", "user", "default user for processes and files")
+	home := fs.String("home", "/home/user", "directory relative paths are resolved against")
+	verbose := fs.Bool("v", false, "debug logging")
+	if len(args) > 0 {
+		args = args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	// Logs go to stderr: with --stdio, stdout carries the session.
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	var t Transport
+	switch {
+	case *connect != "" && *listen == "" && !*stdio:
+		network, addr, err := parseAddr(*connect)
+		if err != nil {
+			log.Error("bad --connect", "err", err)
+			return 2
+		}
+		t = Dial(network, addr)
+	case *listen != "" && *connect == "" && !*stdio:
+		network, addr, err := parseAddr(*listen)
+		if err != nil {
+			log.Error("bad --listen", "err", err)
+			return 2
+		}
+		if network == "unix" {
+			_ = os.Remove(addr)
+		}
+		ln, err := net.Listen(network, addr)
+		if err != nil {
+			log.Error("listen", "err", err)
+			return 1
+		}
+		t = Listen(ln)
+	case *stdio && *connect == "" && *listen == "":
+		t = Stdio()
+	default:
+		fmt.Fprintln(os.Stderr, "space-agent: exactly one of --connect, --listen, --stdio is required")
+		fs.Usage()
+		return 2
+	}
+
+	pid1 := os.Getpid() == 1
+	if !pid1 {
+		// Become the reaper of our own orphans anyway, so reap-all is safe.
+		_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	}
+	a := New(Options{User: *user, Home: *home, ReapAll: true, Logger: log})
+	defer a.Close()
+
+	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
+	defer stop()
+	log.Info("space-agent started", "pid", os.Getpid())
+	if err := a.Serve(ctx, t); err != nil && ctx.Err() == nil {
+		log.Error("serve", "err", err)
+		return 1
+	}
+	return 0
+}

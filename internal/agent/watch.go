@@ -1,0 +1,146 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOVED_FROM |
+	unix.IN_MOVED_TO | unix.IN_ATTRIB | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
+
+// watcher is one inotify instance with its watch descriptors.
+type watcher struct {
+	f         *os.File // the inotify fd, non-blocking so reads park in the poller and Close wakes them
+	fd        int
+	recursive bool
+	dirs      map[int]string // wd → directory
+}
+
+func (w *watcher) add(dir string) error {
+	wd, err := unix.InotifyAddWatch(w.fd, dir, watchMask)
+	if err != nil {
+		return err
+	}
+	w.dirs[wd] = dir
+	if !w.recursive {
+		return nil
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	for _, e := range entries {
+		if e.IsDir() { // DirEntry type: symlinked directories are not followed
+			_ = w.add(filepath.Join(dir, e.Name()))
+		}
+	}
+	return nil
+}
+
+// handleWatch streams inotify events for a directory as NDJSON until the
+// client goes away. The response headers are sent once the watches are in
+// place, so a client may change files as soon as Watch returns.
+func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	path, err := a.resolve(q.Get("path"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		writeError(w, osError(err))
+		return
+	}
+	if !fi.IsDir() {
+		writeError(w, errdefs.InvalidArgument("%s is not a directory", path))
+		return
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		writeError(w, errdefs.Newf(errdefs.ErrInternal, "inotify: %v", err))
+		return
+	}
+	wt := &watcher{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, recursive: q.Get("recursive") == "1", dirs: map[int]string{}}
+	defer wt.f.Close()
+	if err := wt.add(path); err != nil {
+		writeError(w, osError(&os.PathError{Op: "watch", Path: path, Err: err}))
+		return
+	}
+	stop := context.AfterFunc(r.Context(), func() { wt.f.Close() })
+	defer stop()
+
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	defer abortOnDone(r, rc)()
+	if rc.Flush() != nil {
+		return
+	}
+	enc := json.NewEncoder(w)
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := wt.f.Read(buf)
+		if err != nil {
+			return
+		}
+		now := time.Now().UTC()
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			nameBytes := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+			dir, ok := wt.dirs[int(ev.Wd)]
+			if ev.Mask&unix.IN_IGNORED != 0 {
+				delete(wt.dirs, int(ev.Wd))
+				continue
+			}
+			if !ok {
+				continue
+			}
+			name := unix.ByteSliceToString(nameBytes)
+			p := dir
+			if name != "" {
+				p = filepath.Join(dir, name)
+			}
+			if wt.recursive && ev.Mask&unix.IN_ISDIR != 0 && ev.Mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 {
+				_ = wt.add(p)
+			}
+			typ := watchType(ev.Mask)
+			if typ == "" {
+				continue
+			}
+			if err := enc.Encode(agentproto.WatchEvent{Type: typ, Path: p, Time: now}); err != nil {
+				return
+			}
+		}
+		if rc.Flush() != nil {
+			return
+		}
+	}
+}
+
+func watchType(mask uint32) string {
+	switch {
+	case mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
+		return "create"
+	case mask&unix.IN_MODIFY != 0:
+		return "write"
+	case mask&(unix.IN_DELETE|unix.IN_DELETE_SELF) != 0:
+		return "remove"
+	case mask&(unix.IN_MOVED_FROM|unix.IN_MOVE_SELF) != 0:
+		return "rename"
+	case mask&unix.IN_ATTRIB != 0:
+		return "chmod"
+	}
+	return ""
+}

@@ -1,0 +1,280 @@
+// Package agentclient is the host side of the agent protocol: it speaks
+// HTTP/1.1 over yamux streams to the space-agent inside a sandbox.
+//
+// One Client keeps one yamux session to one agent, dialed lazily and
+// redialed on the next use after it died. Errors carry errdefs classes: the
+// agent's own error codes, or errdefs.ErrUnavailable when the agent could
+// not be reached.
+package agentclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+// Client talks to one agent. It is safe for concurrent use.
+type Client struct {
+	dial func(ctx context.Context) (net.Conn, error)
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	cur     *session
+	dialing *dialCall
+	closed  bool
+}
+
+// session is one yamux session with the HTTP client bound to it; a dead
+// session's pooled streams die with its transport.
+type session struct {
+	ys *yamux.Session
+	tr *http.Transport
+	hc *http.Client
+}
+
+func (s *session) close() {
+	s.ys.Close()
+	s.tr.CloseIdleConnections()
+}
+
+type dialCall struct {
+	done chan struct{}
+	s    *session
+	err  error
+}
+
+// New returns a Client that reaches the agent through connections made by
+// dial. Nothing is dialed until the first request.
+func New(dial func(ctx context.Context) (net.Conn, error), log *slog.Logger) *Client {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Client{dial: dial, log: log}
+}
+
+// Close ends the session; later calls fail with errdefs.ErrUnavailable.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	s := c.cur
+	c.cur = nil
+	c.mu.Unlock()
+	if s != nil {
+		s.close()
+	}
+	return nil
+}
+
+// session returns the live session, dialing a new one if there is none.
+// Concurrent callers share one in-flight dial.
+func (c *Client) session(ctx context.Context) (*session, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, errdefs.Unavailable("agent client closed")
+	}
+	if s := c.cur; s != nil && !s.ys.IsClosed() {
+		c.mu.Unlock()
+		return s, nil
+	}
+	call := c.dialing
+	if call == nil {
+		call = &dialCall{done: make(chan struct{})}
+		c.dialing = call
+		old := c.cur
+		c.cur = nil
+		go func() {
+			if old != nil {
+				old.close()
+			}
+			s, err := c.connect(ctx)
+			c.mu.Lock()
+			call.s, call.err = s, err
+			c.dialing = nil
+			if err == nil {
+				if c.closed {
+					s.close()
+					call.s, call.err = nil, errdefs.Unavailable("agent client closed")
+				} else {
+					c.cur = s
+				}
+			}
+			c.mu.Unlock()
+			close(call.done)
+		}()
+	}
+	c.mu.Unlock()
+	select {
+	case <-call.done:
+		return call.s, call.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// connect dials the agent and starts a yamux client session over the
+// connection. The dial is bounded by ctx of the caller that started it.
+func (c *Client) connect(ctx context.Context) (*session, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dial agent: %w: %w", errdefs.ErrUnavailable, err)
+	}
+	ys, err := yamux.Client(conn, yamuxConfig())
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("agent session: %w: %w", errdefs.ErrUnavailable, err)
+	}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			st, err := ys.OpenStream()
+			if err != nil {
+				return nil, &openError{err}
+			}
+			return st, nil
+		},
+		MaxIdleConns:        256,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     time.Minute,
+		DisableCompression:  true,
+		WriteBufferSize:     64 << 10,
+		ReadBufferSize:      64 << 10,
+	}
+	c.log.Debug("agent session started")
+	return &session{ys: ys, tr: tr, hc: &http.Client{Transport: tr}}, nil
+}
+
+func yamuxConfig() *yamux.Config {
+	cfg := yamux.DefaultConfig()
+	cfg.MaxStreamWindowSize = 4 << 20
+	cfg.AcceptBacklog = 1024
+	cfg.LogOutput = io.Discard
+	return cfg
+}
+
+// openError marks a failure to open a stream: nothing was sent, so the
+// request can be retried on a fresh session.
+type openError struct{ err error }
+
+func (e *openError) Error() string { return "open stream: " + e.err.Error() }
+func (e *openError) Unwrap() error { return e.err }
+
+// request describes one call.
+type request struct {
+	method string
+	path   string
+	query  url.Values
+	body   io.Reader // sent as is (raw bodies)
+	json   any       // marshaled as the body when set
+}
+
+// do sends req and returns the response when it is 2xx; otherwise the
+// agent's error with its class. The caller closes the body.
+func (c *Client) do(ctx context.Context, req request) (*http.Response, error) {
+	var payload []byte
+	if req.json != nil {
+		var err error
+		if payload, err = json.Marshal(req.json); err != nil {
+			return nil, errdefs.InvalidArgument("encode request: %v", err)
+		}
+	}
+	u := "http://agent" + req.path
+	if len(req.query) > 0 {
+		u += "?" + req.query.Encode()
+	}
+	for attempt := 0; ; attempt++ {
+		s, err := c.session(ctx)
+		if err != nil {
+			return nil, transportError(ctx, err)
+		}
+		body := req.body
+		if payload != nil {
+			body = bytes.NewReader(payload)
+		}
+		hreq, err := http.NewRequestWithContext(ctx, req.method, u, body)
+		if err != nil {
+			return nil, errdefs.InvalidArgument("build request: %v", err)
+		}
+		if payload != nil {
+			hreq.Header.Set("Content-Type", "application/json")
+		} else if req.body != nil {
+			// Keep the caller's reader open: the transport closes bodies.
+			hreq.Body = io.NopCloser(req.body)
+		}
+		resp, err := s.hc.Do(hreq)
+		if err != nil {
+			var oe *openError
+			if attempt == 0 && errors.As(err, &oe) && ctx.Err() == nil {
+				continue // the session died before anything was sent: redial once
+			}
+			return nil, transportError(ctx, err)
+		}
+		if resp.StatusCode/100 != 2 {
+			defer resp.Body.Close()
+			return nil, decodeError(resp)
+		}
+		return resp, nil
+	}
+}
+
+// call does req and decodes a JSON response into out (if non-nil).
+func (c *Client) call(ctx context.Context, req request, out any) error {
+	resp, err := c.do(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return transportError(ctx, fmt.Errorf("decode %s response: %w", req.path, err))
+	}
+	return nil
+}
+
+func transportError(ctx context.Context, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		if errors.Is(ctxErr, context.DeadlineExceeded) {
+			return fmt.Errorf("agent request: %w: %w", errdefs.ErrDeadline, ctxErr)
+		}
+		return fmt.Errorf("agent request: %w", ctxErr)
+	}
+	if errors.Is(err, errdefs.ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("agent unreachable: %w: %w", errdefs.ErrUnavailable, err)
+}
+
+func decodeError(resp *http.Response) error {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var e agentproto.Error
+	if json.Unmarshal(body, &e) != nil || e.Code == "" {
+		e.Code = codeForStatus(resp.StatusCode)
+		e.Message = fmt.Sprintf("agent: %s", resp.Status)
+	}
+	return errdefs.Newf(errdefs.FromCode(e.Code), "%s", e.Message)
+}
+
+func codeForStatus(status int) string {
+	for _, c := range errdefs.Classes {
+		if c.Status == status {
+			return c.Code
+		}
+	}
+	return "internal"
+}

@@ -1,0 +1,153 @@
+package agentclient
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+)
+
+// ReadFile streams a file's content; size is -1 when unknown. Errors:
+// ErrNotFound, ErrInvalidArgument (a directory, a bad path).
+func (c *Client) ReadFile(ctx context.Context, path string) (io.ReadCloser, int64, error) {
+	resp, err := c.do(ctx, request{method: http.MethodGet, path: agentproto.PathFiles, query: url.Values{"path": {path}}})
+	if err != nil {
+		return nil, 0, err
+	}
+	return resp.Body, resp.ContentLength, nil
+}
+
+// WriteFile replaces path with r's content atomically, creating parent
+// directories. mode 0 keeps an existing file's mode (0644 for new files);
+// user ("" = the agent's default user) owns what is created.
+func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode, user string) (agentproto.FileInfo, error) {
+	q := url.Values{"path": {path}}
+	if mode != 0 {
+		q.Set("mode", strconv.FormatUint(uint64(unixMode(mode)), 8))
+	}
+	if user != "" {
+		q.Set("user", user)
+	}
+	if r == nil {
+		r = http.NoBody
+	}
+	var info agentproto.FileInfo
+	err := c.call(ctx, request{method: http.MethodPut, path: agentproto.PathFiles, query: q, body: r}, &info)
+	return info, err
+}
+
+// unixMode converts Go mode bits to the numeric form (setuid 04000…).
+func unixMode(m os.FileMode) uint32 {
+	u := uint32(m.Perm())
+	if m&os.ModeSetuid != 0 {
+		u |= 0o4000
+	}
+	if m&os.ModeSetgid != 0 {
+		u |= 0o2000
+	}
+	if m&os.ModeSticky != 0 {
+		u |= 0o1000
+	}
+	return u
+}
+
+// Stat describes path (symlinks are not followed). Errors: ErrNotFound.
+func (c *Client) Stat(ctx context.Context, path string) (agentproto.FileInfo, error) {
+	var info agentproto.FileInfo
+	err := c.call(ctx, request{method: http.MethodGet, path: agentproto.PathFilesStat, query: url.Values{"path": {path}}}, &info)
+	return info, err
+}
+
+// List lists a directory depth levels deep (1: direct children; at most
+// 10 levels and 10,000 entries). Errors: ErrNotFound, ErrInvalidArgument
+// (not a directory).
+func (c *Client) List(ctx context.Context, path string, depth int) ([]agentproto.FileInfo, error) {
+	q := url.Values{"path": {path}, "depth": {strconv.Itoa(depth)}}
+	var out []agentproto.FileInfo
+	err := c.call(ctx, request{method: http.MethodGet, path: agentproto.PathFilesList, query: q}, &out)
+	return out, err
+}
+
+// Mkdir creates a directory and its parents. Errors: ErrConflict when a
+// non-directory is in the way.
+func (c *Client) Mkdir(ctx context.Context, path, user string) (agentproto.FileInfo, error) {
+	q := url.Values{"path": {path}}
+	if user != "" {
+		q.Set("user", user)
+	}
+	var info agentproto.FileInfo
+	err := c.call(ctx, request{method: http.MethodPost, path: agentproto.PathFilesMkdir, query: q}, &info)
+	return info, err
+}
+
+// Move renames from to to, creating to's parents. Errors: ErrNotFound.
+func (c *Client) Move(ctx context.Context, from, to, user string) (agentproto.FileInfo, error) {
+	var info agentproto.FileInfo
+	err := c.call(ctx, request{method: http.MethodPost, path: agentproto.PathFilesMove, json: agentproto.MoveRequest{From: from, To: to, User: user}}, &info)
+	return info, err
+}
+
+// Remove deletes a file, or a directory tree with recursive. Errors:
+// ErrNotFound, ErrConflict (a non-empty directory without recursive).
+func (c *Client) Remove(ctx context.Context, path string, recursive bool) error {
+	q := url.Values{"path": {path}}
+	if recursive {
+		q.Set("recursive", "1")
+	}
+	return c.call(ctx, request{method: http.MethodDelete, path: agentproto.PathFiles, query: q}, nil)
+}
+
+// Watch streams changes under a directory; the watch is in place when
+// Watch returns. Errors: ErrNotFound, ErrInvalidArgument (not a directory).
+func (c *Client) Watch(ctx context.Context, path string, recursive bool) (*WatchStream, error) {
+	q := url.Values{"path": {path}}
+	if recursive {
+		q.Set("recursive", "1")
+	}
+	resp, err := c.do(ctx, request{method: http.MethodGet, path: agentproto.PathFilesWatch, query: q})
+	if err != nil {
+		return nil, err
+	}
+	return &WatchStream{ctx: ctx, body: resp.Body, dec: json.NewDecoder(bufio.NewReader(resp.Body))}, nil
+}
+
+// WatchStream is an open watch; Close it to stop watching.
+type WatchStream struct {
+	ctx    context.Context
+	body   io.ReadCloser
+	dec    *json.Decoder
+	once   sync.Once
+	closed atomic.Bool
+}
+
+// Next returns the next change. It fails with ErrUnavailable when the
+// session broke (watch again) and io.EOF after Close.
+func (s *WatchStream) Next() (agentproto.WatchEvent, error) {
+	var ev agentproto.WatchEvent
+	if err := s.dec.Decode(&ev); err != nil {
+		if s.closed.Load() {
+			return ev, io.EOF
+		}
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return ev, transportError(s.ctx, err)
+	}
+	return ev, nil
+}
+
+// Close stops the watch.
+func (s *WatchStream) Close() error {
+	s.closed.Store(true)
+	s.once.Do(func() { s.body.Close() })
+	return nil
+}

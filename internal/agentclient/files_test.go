@@ -1,0 +1,247 @@
+package agentclient_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agent"
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+func readAll(t *testing.T, h *harness, path string) []byte {
+	t.Helper()
+	rc, size, err := h.c.ReadFile(t.Context(), path)
+	if err != nil {
+		t.Fatalf("read %s: %v", path, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size != int64(len(b)) {
+		t.Fatalf("size %d, read %d", size, len(b))
+	}
+	return b
+}
+
+func TestFiles(t *testing.T) {
+	h := newHarness(t, agent.Options{})
+	ctx := t.Context()
+
+	t.Run("one-byte", func(t *testing.T) {
+		info, err := h.c.WriteFile(ctx, "one", strings.NewReader("x"), 0, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Path != filepath.Join(h.home, "one") || info.Size != 1 || info.Type != "file" || info.Mode != 0o644 {
+			t.Fatalf("info %+v", info)
+		}
+		if got := readAll(t, h, filepath.Join(h.home, "one")); string(got) != "x" {
+			t.Fatalf("got %q", got)
+		}
+	})
+	t.Run("large", func(t *testing.T) {
+		data := make([]byte, 20<<20)
+		rand.Read(data)
+		// A plain io.Reader (no length) is streamed chunked.
+		info, err := h.c.WriteFile(ctx, "/"+filepath.Join(h.home, "big", "data.bin")[1:], io.MultiReader(bytes.NewReader(data)), 0o600, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Size != int64(len(data)) || info.Mode != 0o600 {
+			t.Fatalf("info %+v", info)
+		}
+		if got := readAll(t, h, info.Path); !bytes.Equal(got, data) {
+			t.Fatal("20 MB round trip differs")
+		}
+	})
+	t.Run("nested-unicode", func(t *testing.T) {
+		p := filepath.Join(h.home, "a", "b", "c", "ünïcødé 文件.txt")
+		info, err := h.c.WriteFile(ctx, p, strings.NewReader("héllo"), 0, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Name != "ünïcødé 文件.txt" {
+			t.Fatalf("name %q", info.Name)
+		}
+		if got := readAll(t, h, p); string(got) != "héllo" {
+			t.Fatalf("got %q", got)
+		}
+		st, err := h.c.Stat(ctx, filepath.Join(h.home, "a", "b"))
+		if err != nil || st.Type != "dir" {
+			t.Fatalf("stat %+v %v", st, err)
+		}
+	})
+	t.Run("list-depth", func(t *testing.T) {
+		root := filepath.Join(h.home, "tree")
+		for _, p := range []string{"f1", "d1/f2", "d1/d2/f3", "d1/d2/d3/f4"} {
+			if _, err := h.c.WriteFile(ctx, filepath.Join(root, p), strings.NewReader(p), 0, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Symlink(filepath.Join(root, "d1"), filepath.Join(root, "link")); err != nil {
+			t.Fatal(err)
+		}
+		paths := func(depth int) []string {
+			list, err := h.c.List(ctx, root, depth)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, fi := range list {
+				out = append(out, strings.TrimPrefix(fi.Path, root+"/")+":"+fi.Type)
+			}
+			slices.Sort(out)
+			return out
+		}
+		if got, want := paths(1), []string{"d1:dir", "f1:file", "link:symlink"}; !slices.Equal(got, want) {
+			t.Fatalf("depth 1: %v", got)
+		}
+		if got, want := paths(2), []string{"d1/d2:dir", "d1/f2:file", "d1:dir", "f1:file", "link:symlink"}; !slices.Equal(got, want) {
+			t.Fatalf("depth 2: %v", got)
+		}
+		if got := paths(10); len(got) != 8 {
+			t.Fatalf("depth 10: %v", got)
+		}
+		if _, err := h.c.List(ctx, filepath.Join(root, "f1"), 1); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Fatalf("list a file: %v", err)
+		}
+	})
+	t.Run("mkdir-move-remove", func(t *testing.T) {
+		d, err := h.c.Mkdir(ctx, "m/n/o", "")
+		if err != nil || d.Type != "dir" {
+			t.Fatalf("mkdir %+v %v", d, err)
+		}
+		if _, err := h.c.Mkdir(ctx, "m/n/o", ""); err != nil {
+			t.Fatalf("mkdir again: %v", err)
+		}
+		if _, err := h.c.WriteFile(ctx, "m/file", strings.NewReader("1"), 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.c.Mkdir(ctx, "m/file", ""); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("mkdir over a file: %v", err)
+		}
+		mv, err := h.c.Move(ctx, "m/file", "moved/deep/file2", "")
+		if err != nil || mv.Path != filepath.Join(h.home, "moved/deep/file2") {
+			t.Fatalf("move %+v %v", mv, err)
+		}
+		if _, err := h.c.Stat(ctx, "m/file"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("stat moved-away: %v", err)
+		}
+		if err := h.c.Remove(ctx, "m", false); !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("remove non-empty dir: %v", err)
+		}
+		if err := h.c.Remove(ctx, "m", true); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.c.Remove(ctx, "moved/deep/file2", false); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.c.Remove(ctx, "m", true); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("remove missing: %v", err)
+		}
+	})
+	t.Run("errors", func(t *testing.T) {
+		if _, _, err := h.c.ReadFile(ctx, "/no/such/file"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("read missing: %v", err)
+		}
+		if _, _, err := h.c.ReadFile(ctx, h.home); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Fatalf("read dir: %v", err)
+		}
+		if _, err := h.c.Stat(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("stat missing: %v", err)
+		}
+		for _, p := range []string{"../etc/passwd", "/tmp/../etc/passwd", "a/..", "a\x00b", ""} {
+			if _, err := h.c.Stat(ctx, p); !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Fatalf("stat %q: %v", p, err)
+			}
+			if _, err := h.c.WriteFile(ctx, p, strings.NewReader("x"), 0, ""); !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Fatalf("write %q: %v", p, err)
+			}
+		}
+		if _, err := h.c.WriteFile(ctx, "x", strings.NewReader("x"), 0, "no-such-user-xyz"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Fatalf("unknown user: %v", err)
+		}
+	})
+}
+
+func TestWatch(t *testing.T) {
+	h := newHarness(t, agent.Options{})
+	dir := filepath.Join(h.home, "w")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := h.c.Watch(t.Context(), dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	events := make(chan agentproto.WatchEvent, 100)
+	go func() {
+		defer close(events)
+		for {
+			ev, err := ws.Next()
+			if err != nil {
+				return
+			}
+			events <- ev
+		}
+	}()
+	expect := func(typ, path string) {
+		t.Helper()
+		timeout := time.After(5 * time.Second)
+		for {
+			select {
+			case ev, ok := <-events:
+				if !ok {
+					t.Fatalf("stream ended waiting for %s %s", typ, path)
+				}
+				if ev.Type == typ && ev.Path == path {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no %s event for %s", typ, path)
+			}
+		}
+	}
+	f := filepath.Join(dir, "a.txt")
+	if err := os.WriteFile(f, []byte("1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	expect("create", f)
+	expect("write", f)
+	sub := filepath.Join(dir, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	expect("create", sub)
+	time.Sleep(50 * time.Millisecond) // the agent adds the new directory's watch
+	g := filepath.Join(sub, "b.txt")
+	if err := os.WriteFile(g, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	expect("create", g)
+	if err := os.Rename(f, filepath.Join(dir, "c.txt")); err != nil {
+		t.Fatal(err)
+	}
+	expect("rename", f)
+	expect("create", filepath.Join(dir, "c.txt"))
+	if err := os.Remove(filepath.Join(dir, "c.txt")); err != nil {
+		t.Fatal(err)
+	}
+	expect("remove", filepath.Join(dir, "c.txt"))
+	ws.Close()
+	if _, err := h.c.Watch(t.Context(), filepath.Join(h.home, "missing"), false); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("watch missing: %v", err)
+	}
+}

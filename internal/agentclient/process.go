@@ -1,0 +1,133 @@
+package agentclient
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+)
+
+func procPath(pattern string, pid int) string {
+	return strings.Replace(pattern, "{pid}", strconv.Itoa(pid), 1)
+}
+
+// Info returns the agent's version and guest details.
+func (c *Client) Info(ctx context.Context) (agentproto.Info, error) {
+	var info agentproto.Info
+	err := c.call(ctx, request{method: http.MethodGet, path: agentproto.PathInfo}, &info)
+	return info, err
+}
+
+// Init gives the sandbox its identity (environment, hostname, clock, entropy).
+func (c *Client) Init(ctx context.Context, req agentproto.InitRequest) error {
+	return c.call(ctx, request{method: http.MethodPost, path: agentproto.PathInit, json: req}, nil)
+}
+
+// Start starts a process and returns its pid. Its output is buffered in
+// the agent until read with Events. Errors: ErrInvalidArgument (bad
+// request, unknown user), ErrNotFound (executable not found).
+func (c *Client) Start(ctx context.Context, req agentproto.StartRequest) (int, error) {
+	var resp agentproto.StartResponse
+	err := c.call(ctx, request{method: http.MethodPost, path: agentproto.PathProcesses, json: req}, &resp)
+	return resp.PID, err
+}
+
+// Events streams a process's events from seq from (1 = from the start).
+// With follow the stream ends after the exit event; without, after what is
+// buffered. Errors: ErrNotFound for an unknown pid.
+func (c *Client) Events(ctx context.Context, pid int, from uint64, follow bool) (*EventStream, error) {
+	q := url.Values{"from": {strconv.FormatUint(from, 10)}}
+	if !follow {
+		q.Set("follow", "0")
+	}
+	resp, err := c.do(ctx, request{method: http.MethodGet, path: procPath(agentproto.PathEvents, pid), query: q})
+	if err != nil {
+		return nil, err
+	}
+	return &EventStream{ctx: ctx, body: resp.Body, dec: json.NewDecoder(bufio.NewReaderSize(resp.Body, 256<<10)), follow: follow}, nil
+}
+
+// EventStream is an open event stream; Close it when done.
+type EventStream struct {
+	ctx    context.Context
+	body   io.ReadCloser
+	dec    *json.Decoder
+	follow bool
+	exited bool
+	once   sync.Once
+}
+
+// Next returns the next event, io.EOF after the last one. A stream cut
+// before the exit event (the session broke) fails with ErrUnavailable;
+// re-attach with Events from the last seq + 1.
+func (s *EventStream) Next() (agentproto.Event, error) {
+	var ev agentproto.Event
+	if s.exited {
+		return ev, io.EOF
+	}
+	if err := s.dec.Decode(&ev); err != nil {
+		if errors.Is(err, io.EOF) && !s.follow {
+			return ev, io.EOF
+		}
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return ev, transportError(s.ctx, err)
+	}
+	if ev.Type == agentproto.EventExit {
+		s.exited = true
+	}
+	return ev, nil
+}
+
+// Close releases the stream (the agent forgets the subscriber).
+func (s *EventStream) Close() error {
+	s.once.Do(func() { s.body.Close() })
+	return nil
+}
+
+// Stdin writes r to the process's stdin; eof closes it afterwards (sends
+// ^D on a PTY). Errors: ErrConflict when stdin is closed.
+func (c *Client) Stdin(ctx context.Context, pid int, r io.Reader, eof bool) error {
+	var q url.Values
+	if eof {
+		q = url.Values{"eof": {"1"}}
+	}
+	if r == nil {
+		r = http.NoBody
+	}
+	return c.call(ctx, request{method: http.MethodPost, path: procPath(agentproto.PathStdin, pid), query: q, body: r}, nil)
+}
+
+// Signal sends sig ("SIGTERM", "TERM", "9", …) to the process's group.
+// Errors: ErrConflict when the process is no longer running.
+func (c *Client) Signal(ctx context.Context, pid int, sig string) error {
+	return c.call(ctx, request{method: http.MethodPost, path: procPath(agentproto.PathSignal, pid), json: agentproto.SignalRequest{Signal: sig}}, nil)
+}
+
+// Resize resizes a PTY process's terminal.
+func (c *Client) Resize(ctx context.Context, pid int, size agentproto.PTYSize) error {
+	return c.call(ctx, request{method: http.MethodPost, path: procPath(agentproto.PathResize, pid), json: size}, nil)
+}
+
+// Processes lists running and recently exited processes.
+func (c *Client) Processes(ctx context.Context) ([]agentproto.Process, error) {
+	var out []agentproto.Process
+	err := c.call(ctx, request{method: http.MethodGet, path: agentproto.PathProcesses}, &out)
+	return out, err
+}
+
+// Process describes one process. Errors: ErrNotFound.
+func (c *Client) Process(ctx context.Context, pid int) (agentproto.Process, error) {
+	var out agentproto.Process
+	err := c.call(ctx, request{method: http.MethodGet, path: procPath(agentproto.PathProcess, pid)}, &out)
+	return out, err
+}

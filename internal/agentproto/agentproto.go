@@ -1,0 +1,169 @@
+// Package agentproto defines the wire contract between the host (agentclient)
+// and the guest agent (space-agent).
+//
+// Transport: the guest agent keeps one byte stream to the host (per driver: a
+// host unix socket for gVisor, virtio-serial for QEMU, vsock for
+// Firecracker). The stream carries a yamux session; the host opens one yamux
+// stream per request and speaks HTTP/1.1 on it. The agent is the HTTP server.
+// Bodies are JSON unless noted; long-lived responses are NDJSON streams (one
+// JSON object per line). Errors are JSON Error bodies with the HTTP status of
+// the errdefs class named by Error.Code.
+//
+// This package imports only the standard library so the agent stays small.
+package agentproto
+
+import "time"
+
+// Version is the protocol version reported by the agent in Info.
+const Version = "1"
+
+// Paths served by the agent.
+const (
+	PathInfo       = "/v1/info"                   // GET → Info
+	PathInit       = "/v1/init"                   // POST InitRequest → 204
+	PathProcesses  = "/v1/processes"              // GET → []Process; POST StartRequest → StartResponse
+	PathProcess    = "/v1/processes/{pid}"        // GET → Process
+	PathEvents     = "/v1/processes/{pid}/events" // GET ?from=<seq> → NDJSON Event stream until exit (or ?follow=0 for what is buffered)
+	PathStdin      = "/v1/processes/{pid}/stdin"  // POST raw body → 204; ?eof=1 closes stdin after the body
+	PathSignal     = "/v1/processes/{pid}/signal" // POST SignalRequest → 204
+	PathResize     = "/v1/processes/{pid}/resize" // POST ResizeRequest → 204 (PTY processes only)
+	PathFiles      = "/v1/files"                  // GET ?path= raw bytes; PUT ?path=&mode=&user= raw body → FileInfo; DELETE ?path=&recursive=1 → 204
+	PathFilesStat  = "/v1/files/stat"             // GET ?path= → FileInfo
+	PathFilesList  = "/v1/files/list"             // GET ?path=&depth= → []FileInfo
+	PathFilesMkdir = "/v1/files/mkdir"            // POST ?path=&user= → FileInfo (creates parents; 409 if a non-directory exists)
+	PathFilesMove  = "/v1/files/move"             // POST MoveRequest → FileInfo
+	PathFilesWatch = "/v1/files/watch"            // GET ?path=&recursive=1 → NDJSON WatchEvent stream
+)
+
+// Info describes the agent and the guest it runs in.
+type Info struct {
+	Version  string `json:"version"`  // agentproto.Version
+	Kernel   string `json:"kernel"`   // uname release inside the guest
+	Hostname string `json:"hostname"` // guest hostname
+	PID      int    `json:"pid"`      // the agent's own pid (1 when it is init)
+}
+
+// InitRequest gives a sandbox its identity. It is sent once after start (and
+// again after a restore or fork, with the new identity). Env is merged into
+// the default environment of every process started afterwards.
+type InitRequest struct {
+	SandboxID string            `json:"sandbox_id"`
+	Hostname  string            `json:"hostname,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	// Time, when set, steps the guest clock (used after restore on VMs).
+	Time time.Time `json:"time,omitempty"`
+	// Seed, when set, is mixed into the guest's entropy pool.
+	Seed []byte `json:"seed,omitempty"`
+}
+
+// StartRequest starts a process. Exactly one of Cmd and Shell is set: Cmd is
+// an argv executed directly (Cmd[0] looked up in PATH), Shell is run with
+// /bin/bash -lc (or /bin/sh -c when bash is missing).
+type StartRequest struct {
+	Cmd   []string          `json:"cmd,omitempty"`
+	Shell string            `json:"shell,omitempty"`
+	Env   map[string]string `json:"env,omitempty"`
+	Cwd   string            `json:"cwd,omitempty"`  // default: the user's home directory
+	User  string            `json:"user,omitempty"` // default "user"; "root" allowed
+	// Stdin: when true the process's stdin stays open for PathStdin writes;
+	// otherwise stdin is /dev/null (after StdinData, if any, is written).
+	Stdin     bool   `json:"stdin,omitempty"`
+	StdinData []byte `json:"stdin_data,omitempty"`
+	// TimeoutMS kills the process group (SIGKILL) after this many
+	// milliseconds; 0 means no timeout.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Tag is an opaque label kept with the process (listed by PathProcesses).
+	Tag string `json:"tag,omitempty"`
+	// PTY, when set, runs the process on a pseudo-terminal; output arrives
+	// as stdout events.
+	PTY *PTYSize `json:"pty,omitempty"`
+}
+
+// PTYSize is a terminal size.
+type PTYSize struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+}
+
+// StartResponse answers StartRequest.
+type StartResponse struct {
+	PID int `json:"pid"`
+}
+
+// Event kinds.
+const (
+	EventStart     = "start"     // Event.PID set
+	EventStdout    = "stdout"    // Event.Data set
+	EventStderr    = "stderr"    // Event.Data set
+	EventExit      = "exit"      // Event.ExitCode (and Signal when killed by one) set
+	EventTruncated = "truncated" // events before Event.Seq were dropped from the buffer
+)
+
+// Event is one item of a process's output stream. Seq numbers start at 1 and
+// increase by one per event of that process; a client re-attaches with
+// ?from=<last seq seen + 1>.
+type Event struct {
+	Seq      uint64    `json:"seq"`
+	Type     string    `json:"type"`
+	Time     time.Time `json:"time"`
+	PID      int       `json:"pid,omitempty"`
+	Data     []byte    `json:"data,omitempty"` // base64 in JSON
+	ExitCode *int      `json:"exit_code,omitempty"`
+	Signal   string    `json:"signal,omitempty"` // e.g. "SIGKILL"
+	Error    string    `json:"error,omitempty"`  // set on exit when the process could not be run or timed out
+}
+
+// Process describes a process started through the agent.
+type Process struct {
+	PID       int        `json:"pid"`
+	Cmd       []string   `json:"cmd"`
+	Tag       string     `json:"tag,omitempty"`
+	User      string     `json:"user"`
+	Cwd       string     `json:"cwd"`
+	PTY       bool       `json:"pty,omitempty"`
+	StartedAt time.Time  `json:"started_at"`
+	Running   bool       `json:"running"`
+	ExitCode  *int       `json:"exit_code,omitempty"`
+	Signal    string     `json:"signal,omitempty"`
+	ExitedAt  *time.Time `json:"exited_at,omitempty"`
+}
+
+// SignalRequest sends a signal to a process's group.
+type SignalRequest struct {
+	Signal string `json:"signal"` // "SIGTERM", "TERM", "9", …
+}
+
+// ResizeRequest resizes a PTY process's terminal.
+type ResizeRequest = PTYSize
+
+// MoveRequest renames From to To (parents of To are created).
+type MoveRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+	User string `json:"user,omitempty"`
+}
+
+// FileInfo describes one file.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"`
+	Type    string    `json:"type"` // "file", "dir", "symlink", "other"
+	Size    int64     `json:"size"`
+	Mode    uint32    `json:"mode"` // permission bits
+	Owner   string    `json:"owner,omitempty"`
+	ModTime time.Time `json:"mtime"`
+	Target  string    `json:"target,omitempty"` // symlink target
+}
+
+// WatchEvent is one filesystem change under a watched directory.
+type WatchEvent struct {
+	Type string    `json:"type"` // "create", "write", "remove", "rename", "chmod"
+	Path string    `json:"path"`
+	Time time.Time `json:"time"`
+}
+
+// Error is the body of every non-2xx agent response.
+type Error struct {
+	Code    string `json:"code"` // an errdefs machine code, e.g. "not_found"
+	Message string `json:"message"`
+}

@@ -1,0 +1,180 @@
+package cli
+
+import (
+	"fmt"
+	"runtime/debug"
+
+	space "github.com/spacesandbox/space/sdk/go"
+	"github.com/spf13/cobra"
+)
+
+// Version is the release version, set at build time with
+// -ldflags "-X github.com/spacesandbox/space/internal/cli.Version=v1.2.3".
+var Version = ""
+
+func version() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+func (a *app) versionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintln(a.stdout, "space", version())
+		},
+	}
+}
+
+func (a *app) healthCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "health",
+		Short: "Check that the server is ready to create sandboxes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			h, err := c.Health(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout, h.Status)
+			return nil
+		},
+	}
+}
+
+func (a *app) templateCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "template",
+		Short: "List and build templates",
+	}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List templates",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			ts, err := c.Templates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := newTable(a.stdout, "NAME", "KIND", "STATUS", "SIZE", "BUILT", "DESCRIPTION")
+			for _, t := range ts {
+				row(tw, t.Name, t.Kind, t.Status, fmtBytes(t.SizeBytes), fmtTime(t.BuiltAt), t.Description)
+			}
+			return tw.Flush()
+		},
+	}
+	build := &cobra.Command{
+		Use:   "build <name>",
+		Short: "Build a template (admin), printing build output",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			t, err := c.BuildTemplate(cmd.Context(), args[0], func(line string) {
+				fmt.Fprintln(a.stdout, line)
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "built %s %s (%s)\n", t.Name, t.Digest, fmtBytes(t.SizeBytes))
+			return nil
+		},
+	}
+	cmd.AddCommand(list, build)
+	return cmd
+}
+
+func (a *app) keysCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "keys",
+		Short: "Manage API keys (admin)",
+	}
+	var req space.CreateKeyRequest
+	create := &cobra.Command{
+		Use:   "create --team NAME [--name N]",
+		Short: "Create an API key and print it (it is shown only once)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if req.Team == "" {
+				return usageError(cmd, "--team is required")
+			}
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			k, err := c.CreateKey(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout, k.Key)
+			fmt.Fprintf(a.stderr, "created key %s for team %s; the key above is not shown again\n", k.ID, k.Team)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&req.Team, "team", "", "team the key belongs to (required)")
+	create.Flags().StringVar(&req.Name, "name", "", "a name for the key")
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List API keys",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			keys, err := c.ListKeys(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := newTable(a.stdout, "ID", "TEAM", "NAME", "CREATED")
+			for _, k := range keys {
+				row(tw, k.ID, k.Team, firstNonEmpty(k.Name, "-"), fmtTime(k.CreatedAt))
+			}
+			return tw.Flush()
+		},
+	}
+	del := &cobra.Command{
+		Use:   "delete <id>",
+		Short: "Revoke an API key",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			return c.DeleteKey(cmd.Context(), args[0])
+		},
+	}
+	cmd.AddCommand(create, list, del)
+	return cmd
+}
+
+func fmtBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,195 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	space "github.com/spacesandbox/space/sdk/go"
+	"github.com/spf13/cobra"
+)
+
+func (a *app) createCommand() *cobra.Command {
+	var (
+		req       space.CreateSandboxRequest
+		env, meta []string
+		asJSON    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "create [flags]",
+		Short: "Create a sandbox and print its id",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if req.Env, err = parseKV("env", env); err != nil {
+				return err
+			}
+			if req.Metadata, err = parseKV("metadata", meta); err != nil {
+				return err
+			}
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			sb, err := c.CreateSandbox(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, sb)
+			}
+			fmt.Fprintln(a.stdout, sb.ID)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&req.Template, "template", "", "template to create from (server default: base)")
+	f.IntVar(&req.TimeoutS, "timeout", 0, "seconds until the sandbox is killed (server default: 300)")
+	f.StringArrayVar(&env, "env", nil, "environment variable KEY=VALUE for every process (repeatable)")
+	f.StringArrayVar(&meta, "metadata", nil, "metadata KEY=VALUE (repeatable)")
+	f.IntVar(&req.CPU, "cpu", 0, "vCPUs")
+	f.IntVar(&req.MemoryMB, "memory", 0, "memory in MB")
+	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+func (a *app) listCommand() *cobra.Command {
+	var (
+		states, meta []string
+		asJSON       bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list [flags]",
+		Short: "List sandboxes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts := space.ListOptions{}
+			for _, s := range states {
+				opts.State = append(opts.State, space.State(s))
+			}
+			var err error
+			if opts.Metadata, err = parseKV("metadata", meta); err != nil {
+				return err
+			}
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			all := []space.Sandbox{}
+			for sb, err := range c.AllSandboxes(cmd.Context(), opts) {
+				if err != nil {
+					return err
+				}
+				all = append(all, sb)
+			}
+			if asJSON {
+				return printJSON(a.stdout, all)
+			}
+			tw := newTable(a.stdout, "ID", "STATE", "TEMPLATE", "CREATED", "EXPIRES", "METADATA")
+			for _, sb := range all {
+				state := string(sb.State)
+				if sb.Reason != "" {
+					state += " (" + sb.Reason + ")"
+				}
+				row(tw, sb.ID, state, sb.Template, fmtTime(sb.CreatedAt), fmtTime(sb.ExpiresAt), fmtMap(sb.Metadata))
+			}
+			return tw.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&states, "state", nil, "only sandboxes in this state (repeatable)")
+	f.StringArrayVar(&meta, "metadata", nil, "only sandboxes with metadata KEY=VALUE (repeatable)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func (a *app) killCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "kill <id>...",
+		Short: "Destroy sandboxes",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			failed := 0
+			for _, id := range ids {
+				if err := c.KillSandbox(cmd.Context(), id); err != nil {
+					fmt.Fprintf(a.stderr, "space: %s: %s\n", id, a.explain(err))
+					failed++
+				}
+			}
+			if failed > 0 {
+				return exitCode(1)
+			}
+			return nil
+		},
+	}
+}
+
+func (a *app) timeoutCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "timeout <id> <seconds>",
+		Short: "Reset a sandbox's timeout to <seconds> from now",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			secs, err := strconv.Atoi(args[1])
+			if err != nil || secs <= 0 {
+				return usageError(cmd, "bad timeout %q: want a positive number of seconds", args[1])
+			}
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			sb, err := c.SetTimeout(cmd.Context(), args[0], secs)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "%s expires at %s\n", sb.ID, fmtTime(sb.ExpiresAt))
+			return nil
+		},
+	}
+}
+
+// Output helpers.
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func newTable(w io.Writer, header ...string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row(tw, header...)
+	return tw
+}
+
+func row(tw *tabwriter.Writer, cols ...string) {
+	fmt.Fprintln(tw, strings.Join(cols, "\t"))
+}
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Local().Format(time.DateTime)
+}
+
+func fmtMap(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, k+"="+m[k])
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,83 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"github.com/spacesandbox/space/internal/server"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// serveFlag binds one `space serve` flag to its SPACE_* variable.
+type serveFlag struct {
+	name, env, usage string
+	str              *string
+	num              *int
+}
+
+func (a *app) serveCommand() *cobra.Command {
+	var cfg server.Config
+	flags := []serveFlag{
+		{name: "cache", env: "SPACE_CACHE", usage: "cache directory: gVisor build, template builds (default /var/cache/space)", str: &cfg.CacheDir},
+		{name: "listen", env: "SPACE_LISTEN", usage: "address to listen on (default 127.0.0.1:7070)", str: &cfg.Listen},
+		{name: "driver", env: "SPACE_DRIVER", usage: "sandbox driver (default gvisor)", str: &cfg.Driver},
+		{name: "runsc", env: "SPACE_RUNSC", usage: "path to runsc (default: the cached build)", str: &cfg.RunscPath},
+		{name: "agent", env: "SPACE_AGENT", usage: "path to space-agent (default: next to the space binary)", str: &cfg.AgentPath},
+		{name: "template", env: "SPACE_TEMPLATE", usage: "default template (default base)", str: &cfg.DefaultTemplate},
+		{name: "log-level", env: "SPACE_LOG_LEVEL", usage: "debug|info|warn|error (default info)", str: &cfg.LogLevel},
+		{name: "log-format", env: "SPACE_LOG_FORMAT", usage: "text|json (default text)", str: &cfg.LogFormat},
+		{name: "default-timeout", env: "SPACE_DEFAULT_TIMEOUT", usage: "sandbox timeout in seconds when a create asks for none (default 300)", num: &cfg.DefaultTimeoutS},
+		{name: "max-timeout", env: "SPACE_MAX_TIMEOUT", usage: "largest sandbox timeout in seconds (default 86400)", num: &cfg.MaxTimeoutS},
+	}
+	cmd := &cobra.Command{
+		Use:   "serve [flags]",
+		Short: "Run the space server",
+		Long: "Run the space server until SIGINT or SIGTERM. Every flag can also be set with\n" +
+			"the SPACE_* variable named in its help; a flag wins over its variable.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.DataDir = firstNonEmpty(a.dataDir, a.getenv("SPACE_DATA"))
+			if err := applyServeEnv(cmd.Flags(), flags, a.getenv); err != nil {
+				return err
+			}
+			cfg.Defaults()
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return server.Run(ctx, cfg)
+		},
+	}
+	for _, f := range flags {
+		usage := f.usage + " (env " + f.env + ")"
+		if f.str != nil {
+			cmd.Flags().StringVar(f.str, f.name, "", usage)
+		} else {
+			cmd.Flags().IntVar(f.num, f.name, 0, usage)
+		}
+	}
+	return cmd
+}
+
+// applyServeEnv fills every flag not given on the command line from its
+// environment variable.
+func applyServeEnv(fs *pflag.FlagSet, flags []serveFlag, getenv func(string) string) error {
+	for _, f := range flags {
+		v := getenv(f.env)
+		if fs.Changed(f.name) || v == "" {
+			continue
+		}
+		if f.str != nil {
+			*f.str = v
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("%s=%q: want a number of seconds", f.env, v)
+		}
+		*f.num = n
+	}
+	return nil
+}

@@ -1,0 +1,483 @@
+// Package gvisor runs sandboxes under gVisor's runsc: a user-space kernel per
+// sandbox, no network (--network=none), the template rootfs shared read-only
+// with a per-sandbox overlay upper layer in the sandbox's state directory,
+// and cgroup limits for CPU, memory and pids.
+//
+// The guest agent is the container's init. It dials a unix socket in a
+// directory bind-mounted from the sandbox's state directory (--host-uds=open);
+// the driver listens on that socket. gVisor disconnects host sockets on
+// checkpoint, so the agent redials whenever its connection breaks, and a
+// restarted server simply listens again at the same path.
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+// Name is the driver's registry name.
+const Name = "gvisor"
+
+// Config configures the gVisor driver.
+type Config struct {
+	Runsc string // path to the runsc binary
+	Root  string // runsc --root: where runsc keeps container state
+	// Platform is runsc's --platform (default systrap; never kvm on PVM hosts).
+	Platform string
+	Log      *slog.Logger
+}
+
+// Driver implements driver.Driver with runsc.
+type Driver struct {
+	cfg Config
+	log *slog.Logger
+}
+
+var (
+	_ driver.Driver   = (*Driver)(nil)
+	_ driver.Instance = (*Instance)(nil)
+	_ driver.Detacher = (*Instance)(nil)
+)
+
+// New checks that runsc runs and returns the driver.
+func New(ctx context.Context, cfg Config) (*Driver, error) {
+	if cfg.Runsc == "" {
+		return nil, errdefs.Unavailable("gvisor: no runsc binary configured")
+	}
+	if cfg.Platform == "" {
+		cfg.Platform = "systrap"
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor: runsc root: %w", err)
+	}
+	out, err := exec.CommandContext(ctx, cfg.Runsc, "--version").CombinedOutput()
+	if err != nil {
+		return nil, errdefs.Unavailable("gvisor: %s --version: %v: %s", cfg.Runsc, err, bytes.TrimSpace(out))
+	}
+	return &Driver{cfg: cfg, log: cfg.Log.With("driver", Name)}, nil
+}
+
+// Name implements driver.Driver.
+func (d *Driver) Name() string { return Name }
+
+// Capabilities implements driver.Driver.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Isolation: "gvisor", Features: []string{driver.CapPause}}
+}
+
+var idRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$`)
+
+// handleData is what Recover needs beyond the id.
+type handleData struct {
+	StateDir string `json:"state_dir"`
+}
+
+// Create implements driver.Driver: it writes the OCI bundle, opens the agent
+// socket and runs `runsc create`. Nothing runs inside until Start.
+func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instance, err error) {
+	if !idRE.MatchString(spec.ID) {
+		return nil, errdefs.InvalidArgument("gvisor: invalid sandbox id %q", spec.ID)
+	}
+	if spec.RootfsKind != "" && spec.RootfsKind != "dir" {
+		return nil, errdefs.InvalidArgument("gvisor: rootfs must be a directory, got %q", spec.RootfsKind)
+	}
+	if fi, err := os.Stat(filepath.Join(spec.Rootfs, "bin")); err != nil || !fi.IsDir() {
+		return nil, errdefs.InvalidArgument("gvisor: rootfs %s is not a root filesystem", spec.Rootfs)
+	}
+	if _, err := os.Stat(spec.AgentPath); err != nil {
+		return nil, errdefs.Unavailable("gvisor: agent binary: %v", err)
+	}
+	if spec.VCPU <= 0 {
+		spec.VCPU = 1
+	}
+	if spec.MemoryMB <= 0 {
+		spec.MemoryMB = 512
+	}
+	if spec.PidsMax <= 0 {
+		spec.PidsMax = 1024
+	}
+	if spec.DiskMB <= 0 {
+		spec.DiskMB = 10240
+	}
+	if spec.Hostname == "" {
+		spec.Hostname = "sandbox"
+	}
+
+	inst := d.newInstance(spec.ID, spec.StateDir)
+	defer func() {
+		if err != nil {
+			_ = inst.Destroy(context.WithoutCancel(ctx))
+		}
+	}()
+	for _, dir := range []string{inst.bundleDir(), inst.runDir(), inst.upperDir()} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("gvisor: state dir: %w", err)
+		}
+	}
+	// The sandbox's user-space kernel connects to the socket as root on
+	// the host side through the gofer; nobody else may.
+	if err := os.Chmod(inst.runDir(), 0o700); err != nil {
+		return nil, err
+	}
+	if err := inst.listen(); err != nil {
+		return nil, err
+	}
+	cfgJSON, err := json.MarshalIndent(buildSpec(spec, inst.runDir()), "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(inst.bundleDir(), "config.json"), cfgJSON, 0o600); err != nil {
+		return nil, err
+	}
+	// The sandbox inherits runsc create's stdio for its whole life, so it
+	// gets a log file (append-only: gVisor writes at offset 0 otherwise),
+	// never a pipe the server would have to drain.
+	logf, err := os.OpenFile(inst.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.CommandContext(ctx, d.cfg.Runsc, append(append([]string{"--root", d.cfg.Root}, d.createFlags(spec)...),
+		"create", "--bundle", inst.bundleDir(), "--pid-file", filepath.Join(spec.StateDir, "pid"), spec.ID)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("runsc create: %v: %s", err, tailFile(inst.logPath(), 2000))
+	}
+	inst.created = true
+	return inst, nil
+}
+
+// createFlags are the global flags that shape a sandbox; they must be the
+// same for create and (later) restore.
+func (d *Driver) createFlags(spec driver.Spec) []string {
+	return []string{
+		"--network=none",
+		// Each gofer gets its own empty network namespace: no shared
+		// nsfs mount left under the runsc root.
+		"--gofer-network-namespace=new",
+		"--platform=" + d.cfg.Platform,
+		"--host-uds=open",
+		fmt.Sprintf("--overlay2=root:dir=%s,size=%dm", filepath.Join(spec.StateDir, "upper"), spec.DiskMB),
+	}
+}
+
+// Recover implements driver.Driver.
+func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance, error) {
+	if h.Driver != Name {
+		return nil, errdefs.InvalidArgument("gvisor: handle is for driver %q", h.Driver)
+	}
+	var hd handleData
+	if err := json.Unmarshal(h.Data, &hd); err != nil || hd.StateDir == "" {
+		return nil, errdefs.InvalidArgument("gvisor: bad handle for %s", h.ID)
+	}
+	inst := d.newInstance(h.ID, hd.StateDir)
+	inst.created = true
+	st, err := inst.state(ctx)
+	if err != nil || (st.Status != "running" && st.Status != "paused" && st.Status != "created") {
+		_ = inst.Destroy(context.WithoutCancel(ctx))
+		if err == nil {
+			err = fmt.Errorf("container is %s", st.Status)
+		}
+		return nil, fmt.Errorf("gvisor: recover %s: %v: %w", h.ID, err, errdefs.ErrNotFound)
+	}
+	inst.started = st.Status != "created"
+	inst.pid = st.Pid
+	if err := inst.listen(); err != nil {
+		return nil, err
+	}
+	return inst, nil
+}
+
+func (d *Driver) newInstance(id, stateDir string) *Instance {
+	return &Instance{d: d, id: id, stateDir: stateDir, log: d.log.With("sandbox", id), conns: make(chan net.Conn, 1)}
+}
+
+// runsc runs one runsc command with the driver's global flags plus extra.
+func (d *Driver) runsc(ctx context.Context, inst *Instance, extra []string, args ...string) ([]byte, error) {
+	full := append([]string{"--root", d.cfg.Root}, extra...)
+	full = append(full, args...)
+	cmd := exec.CommandContext(ctx, d.cfg.Runsc, full...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.Output()
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if len(msg) > 2000 {
+			msg = msg[len(msg)-2000:]
+		}
+		return out, fmt.Errorf("runsc %s: %v: %s", args[0], err, msg)
+	}
+	return out, nil
+}
+
+// Instance is one runsc container (one sandbox).
+type Instance struct {
+	d        *Driver
+	id       string
+	stateDir string
+	log      *slog.Logger
+
+	mu        sync.Mutex
+	ln        net.Listener
+	conns     chan net.Conn
+	created   bool
+	started   bool
+	pid       int
+	destroyed bool
+}
+
+func (i *Instance) bundleDir() string { return filepath.Join(i.stateDir, "bundle") }
+func (i *Instance) runDir() string    { return filepath.Join(i.stateDir, "run") }
+func (i *Instance) upperDir() string  { return filepath.Join(i.stateDir, "upper") }
+func (i *Instance) sockPath() string  { return filepath.Join(i.runDir(), "agent.sock") }
+func (i *Instance) logPath() string   { return filepath.Join(i.stateDir, "console.log") }
+
+// ID implements driver.Instance.
+func (i *Instance) ID() string { return i.id }
+
+// Handle implements driver.Instance.
+func (i *Instance) Handle() driver.Handle {
+	data, _ := json.Marshal(handleData{StateDir: i.stateDir})
+	return driver.Handle{Driver: Name, ID: i.id, Data: data}
+}
+
+// listen opens the host side of the agent socket and accepts connections
+// into i.conns (the newest connection wins: an older unclaimed one is
+// closed, the agent only ever holds one).
+func (i *Instance) listen() error {
+	_ = os.Remove(i.sockPath())
+	ln, err := net.Listen("unix", i.sockPath())
+	if err != nil {
+		return fmt.Errorf("gvisor: agent socket: %w", err)
+	}
+	i.mu.Lock()
+	i.ln = ln
+	i.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			for {
+				select {
+				case i.conns <- c:
+				default:
+					select {
+					case old := <-i.conns:
+						old.Close()
+					default:
+					}
+					continue
+				}
+				break
+			}
+		}
+	}()
+	return nil
+}
+
+// Start implements driver.Instance.
+func (i *Instance) Start(ctx context.Context) error {
+	i.mu.Lock()
+	if i.started {
+		i.mu.Unlock()
+		return errdefs.Conflict("sandbox already started")
+	}
+	i.started = true
+	i.mu.Unlock()
+	if _, err := i.d.runsc(ctx, i, nil, "start", i.id); err != nil {
+		return err
+	}
+	pid, err := os.ReadFile(filepath.Join(i.stateDir, "pid"))
+	if err == nil {
+		fmt.Sscan(string(pid), &i.pid)
+	}
+	return nil
+}
+
+// Pause implements driver.Instance.
+func (i *Instance) Pause(ctx context.Context) error {
+	st, err := i.state(ctx)
+	if err != nil {
+		return err
+	}
+	if st.Status == "paused" {
+		return nil
+	}
+	_, err = i.d.runsc(ctx, i, nil, "pause", i.id)
+	return err
+}
+
+// Resume implements driver.Instance.
+func (i *Instance) Resume(ctx context.Context) error {
+	st, err := i.state(ctx)
+	if err != nil {
+		return err
+	}
+	if st.Status != "paused" {
+		return nil
+	}
+	_, err = i.d.runsc(ctx, i, nil, "resume", i.id)
+	return err
+}
+
+// DialAgent implements driver.Instance: it returns the agent's next
+// connection to the host socket.
+func (i *Instance) DialAgent(ctx context.Context) (net.Conn, error) {
+	select {
+	case c := <-i.conns:
+		return c, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("gvisor: waiting for agent of %s: %w", i.id, errdefs.ErrUnavailable)
+	}
+}
+
+type runscState struct {
+	ID     string `json:"id"`
+	Pid    int    `json:"pid"`
+	Status string `json:"status"`
+}
+
+func (i *Instance) state(ctx context.Context) (runscState, error) {
+	out, err := i.d.runsc(ctx, i, nil, "state", i.id)
+	if err != nil {
+		return runscState{}, err
+	}
+	var st runscState
+	if err := json.Unmarshal(out, &st); err != nil {
+		return st, fmt.Errorf("runsc state: %w", err)
+	}
+	return st, nil
+}
+
+// Wait implements driver.Instance. It waits on a pidfd of the sandbox's
+// host process, so it works equally for a recovered instance.
+func (i *Instance) Wait(ctx context.Context) (driver.ExitStatus, error) {
+	i.mu.Lock()
+	pid := i.pid
+	i.mu.Unlock()
+	if pid <= 0 {
+		st, err := i.state(ctx)
+		if err != nil {
+			return driver.ExitStatus{Reason: "lost"}, nil
+		}
+		pid = st.Pid
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return driver.ExitStatus{Reason: "exited"}, nil
+		}
+		return driver.ExitStatus{}, fmt.Errorf("pidfd_open: %w", err)
+	}
+	defer unix.Close(fd)
+	for {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 200)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return driver.ExitStatus{}, err
+		}
+		if n > 0 {
+			i.mu.Lock()
+			destroyed := i.destroyed
+			i.mu.Unlock()
+			if destroyed {
+				return driver.ExitStatus{Reason: "destroyed"}, nil
+			}
+			return driver.ExitStatus{Reason: "exited"}, nil
+		}
+		if ctx.Err() != nil {
+			return driver.ExitStatus{}, ctx.Err()
+		}
+	}
+}
+
+// Detach implements driver.Detacher: it closes the agent socket's
+// listener and any unclaimed connection; the sandbox keeps running and its
+// agent redials whoever listens next.
+func (i *Instance) Detach() {
+	i.mu.Lock()
+	ln := i.ln
+	i.ln = nil
+	i.mu.Unlock()
+	if ln != nil {
+		ln.(*net.UnixListener).SetUnlinkOnClose(false)
+		ln.Close()
+	}
+	for {
+		select {
+		case c := <-i.conns:
+			c.Close()
+			continue
+		default:
+		}
+		return
+	}
+}
+
+// Destroy implements driver.Instance.
+func (i *Instance) Destroy(ctx context.Context) error {
+	i.mu.Lock()
+	i.destroyed = true
+	created := i.created
+	i.mu.Unlock()
+	i.Detach()
+	var errs []error
+	if created {
+		if _, err := i.d.runsc(ctx, i, nil, "delete", "--force", i.id); err != nil && !isNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	if i.stateDir != "" && len(errs) == 0 {
+		if err := os.RemoveAll(i.stateDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// tailFile returns the last n bytes of a file, for error messages.
+func tailFile(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		f.Seek(fi.Size()-n, 0)
+	}
+	b := make([]byte, n)
+	k, _ := f.Read(b)
+	return strings.TrimSpace(string(b[:k]))
+}
+
+func isNotExist(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "does not exist") || strings.Contains(s, "not found") || strings.Contains(s, "no such file")
+}
+
+// PinnedVersion is the gVisor release space is tested with; `make runsc`
+// builds exactly this version from the Go module proxy (see Makefile).
+const PinnedVersion = "v0.0.0-20260905035102-160fafc42237"

@@ -1,0 +1,348 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// execRequest is the body of POST /v1/sandboxes/{id}/exec. cmd is an argv
+// array or a shell string.
+type execRequest struct {
+	Cmd        json.RawMessage   `json:"cmd"`
+	Env        map[string]string `json:"env"`
+	Cwd        string            `json:"cwd"`
+	User       string            `json:"user"`
+	Stdin      *string           `json:"stdin"`
+	OpenStdin  bool              `json:"open_stdin"`
+	TimeoutS   int               `json:"timeout_s"`
+	Background bool              `json:"background"`
+}
+
+func (e execRequest) toService() (sandbox.ExecRequest, error) {
+	out := sandbox.ExecRequest{Env: e.Env, Cwd: e.Cwd, User: e.User, TimeoutS: e.TimeoutS, Background: e.Background, OpenStdin: e.OpenStdin}
+	if e.Stdin != nil {
+		out.Stdin = []byte(*e.Stdin)
+	}
+	cmd := bytes.TrimSpace(e.Cmd)
+	switch {
+	case len(cmd) == 0:
+		return out, errdefs.InvalidArgument("cmd: required")
+	case cmd[0] == '"':
+		if err := json.Unmarshal(cmd, &out.Shell); err != nil {
+			return out, errdefs.InvalidArgument("cmd: %v", err)
+		}
+	case cmd[0] == '[':
+		if err := json.Unmarshal(cmd, &out.Cmd); err != nil {
+			return out, errdefs.InvalidArgument("cmd: must be an array of strings or a string")
+		}
+	default:
+		return out, errdefs.InvalidArgument("cmd: must be an array of strings or a string")
+	}
+	return out, nil
+}
+
+// maxBuffered caps what a non-streaming exec collects per stream.
+const maxBuffered = 64 << 20
+
+func (a *API) exec(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	var body execRequest
+	if err := decode(r, &body); err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	req, err := body.toService()
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	id := r.PathValue("id")
+	pid, err := a.svc.Exec(r.Context(), c, id, req)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	if req.Background {
+		writeJSON(w, http.StatusAccepted, map[string]int{"pid": pid})
+		return
+	}
+	if wantsSSE(r) {
+		a.streamEvents(w, r, c, id, pid, 1, true)
+		return
+	}
+	a.collect(w, r, c, id, pid)
+}
+
+func wantsSSE(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), "text/event-stream")
+}
+
+// collect answers a non-streaming exec with one JSON object.
+func (a *API) collect(w http.ResponseWriter, r *http.Request, c sandbox.Caller, id string, pid int) {
+	ev, err := a.svc.Events(r.Context(), c, id, pid, 1, true)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	defer ev.Close()
+	var stdout, stderr bytes.Buffer
+	res := struct {
+		PID       int    `json:"pid"`
+		ExitCode  int    `json:"exit_code"`
+		Signal    string `json:"signal,omitempty"`
+		Error     string `json:"error,omitempty"`
+		Stdout    string `json:"stdout"`
+		Stderr    string `json:"stderr"`
+		StdoutB64 string `json:"stdout_b64,omitempty"`
+		StderrB64 string `json:"stderr_b64,omitempty"`
+		Truncated bool   `json:"truncated,omitempty"`
+	}{PID: pid, ExitCode: -1}
+	for {
+		e, err := ev.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			a.writeError(w, r, err)
+			return
+		}
+		switch e.Type {
+		case agentproto.EventStdout, agentproto.EventStderr:
+			buf := &stdout
+			if e.Type == agentproto.EventStderr {
+				buf = &stderr
+			}
+			if buf.Len()+len(e.Data) > maxBuffered {
+				res.Truncated = true
+				continue
+			}
+			buf.Write(e.Data)
+		case agentproto.EventExit:
+			if e.ExitCode != nil {
+				res.ExitCode = *e.ExitCode
+			}
+			res.Signal, res.Error = e.Signal, e.Error
+		}
+	}
+	setText := func(b []byte, text, b64 *string) {
+		if utf8.Valid(b) {
+			*text = string(b)
+		} else {
+			*b64 = base64.StdEncoding.EncodeToString(b)
+		}
+	}
+	setText(stdout.Bytes(), &res.Stdout, &res.StdoutB64)
+	setText(stderr.Bytes(), &res.Stderr, &res.StderrB64)
+	writeJSON(w, http.StatusOK, res)
+}
+
+// streamEvents writes a process's events as server-sent events, each with
+// its seq as id, until the process exits (or, without follow, until the
+// buffered events are written).
+func (a *API) streamEvents(w http.ResponseWriter, r *http.Request, c sandbox.Caller, id string, pid int, from uint64, follow bool) {
+	ev, err := a.svc.Events(r.Context(), c, id, pid, from, follow)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	defer ev.Close()
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+
+	type item struct {
+		e   agentproto.Event
+		err error
+	}
+	ch := make(chan item, 64)
+	go func() {
+		defer close(ch)
+		for {
+			e, err := ev.Next()
+			ch <- item{e, err}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	keepalive := time.NewTicker(15 * time.Second)
+	defer keepalive.Stop()
+	var buf bytes.Buffer
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-keepalive.C:
+			io.WriteString(w, ": keepalive\n\n")
+			_ = rc.Flush()
+		case it, ok := <-ch:
+			// Coalesce whatever is already queued into one write and one
+			// flush: fast producers cost one syscall per batch, not per
+			// event.
+			buf.Reset()
+			for {
+				if !ok || errors.Is(it.err, io.EOF) {
+					w.Write(buf.Bytes())
+					_ = rc.Flush()
+					return
+				}
+				if it.err != nil {
+					b, _ := errorBody(it.err)
+					writeSSE(&buf, "", "error", b)
+					w.Write(buf.Bytes())
+					_ = rc.Flush()
+					return
+				}
+				encodeEvent(&buf, it.e)
+				if buf.Len() >= 256<<10 {
+					break
+				}
+				select {
+				case it, ok = <-ch:
+					continue
+				default:
+				}
+				break
+			}
+			if _, err := w.Write(buf.Bytes()); err != nil {
+				return
+			}
+			_ = rc.Flush()
+		}
+	}
+}
+
+// encodeEvent appends one agent event in the API's SSE shape.
+func encodeEvent(buf *bytes.Buffer, e agentproto.Event) {
+	id := strconv.FormatUint(e.Seq, 10)
+	switch e.Type {
+	case agentproto.EventStart:
+		writeSSE(buf, id, "start", map[string]int{"pid": e.PID})
+	case agentproto.EventStdout, agentproto.EventStderr:
+		if utf8.Valid(e.Data) {
+			writeSSE(buf, id, e.Type, map[string]string{"data": string(e.Data)})
+		} else {
+			writeSSE(buf, id, e.Type, map[string]string{"data_b64": base64.StdEncoding.EncodeToString(e.Data)})
+		}
+	case agentproto.EventExit:
+		code := -1
+		if e.ExitCode != nil {
+			code = *e.ExitCode
+		}
+		writeSSE(buf, id, "exit", struct {
+			ExitCode int    `json:"exit_code"`
+			Signal   string `json:"signal,omitempty"`
+			Error    string `json:"error,omitempty"`
+		}{code, e.Signal, e.Error})
+	case agentproto.EventTruncated:
+		writeSSE(buf, id, "truncated", map[string]uint64{"first_seq": e.Seq})
+	}
+}
+
+func writeSSE(buf *bytes.Buffer, id, event string, v any) {
+	if id != "" {
+		fmt.Fprintf(buf, "id: %s\n", id)
+	}
+	fmt.Fprintf(buf, "event: %s\ndata: ", event)
+	enc := json.NewEncoder(buf) // one line: JSON never contains a raw newline
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+	buf.WriteString("\n")
+}
+
+func pidOf(r *http.Request) (int, error) {
+	pid, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || pid <= 0 {
+		return 0, errdefs.InvalidArgument("pid: must be a positive integer")
+	}
+	return pid, nil
+}
+
+func (a *API) events(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	pid, err := pidOf(r)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	from := uint64(1)
+	if s := r.Header.Get("Last-Event-ID"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			a.writeError(w, r, errdefs.InvalidArgument("Last-Event-ID: must be an event id"))
+			return
+		}
+		from = n + 1
+	}
+	if s := r.URL.Query().Get("from"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || n == 0 {
+			a.writeError(w, r, errdefs.InvalidArgument("from: must be a positive event id"))
+			return
+		}
+		from = n
+	}
+	follow := r.URL.Query().Get("follow") != "false"
+	a.streamEvents(w, r, c, r.PathValue("id"), pid, from, follow)
+}
+
+func (a *API) processes(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	ps, err := a.svc.Processes(r.Context(), c, r.PathValue("id"))
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	if ps == nil {
+		ps = []agentproto.Process{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"processes": ps})
+}
+
+func (a *API) stdin(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	pid, err := pidOf(r)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	eof := r.URL.Query().Get("eof") == "true"
+	if err := a.svc.Stdin(r.Context(), c, r.PathValue("id"), pid, r.Body, eof); err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (a *API) signal(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	pid, err := pidOf(r)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	var req struct {
+		Signal string `json:"signal"`
+	}
+	if err := decode(r, &req); err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	if err := a.svc.Signal(r.Context(), c, r.PathValue("id"), pid, req.Signal); err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

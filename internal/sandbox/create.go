@@ -1,0 +1,224 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// CreateRequest is what a caller may ask for.
+type CreateRequest struct {
+	Template  string            `json:"template"`
+	Driver    string            `json:"driver"`
+	TimeoutS  int               `json:"timeout_s"`
+	OnTimeout string            `json:"on_timeout"`
+	Env       map[string]string `json:"env"`
+	Metadata  map[string]string `json:"metadata"`
+	CPU       int               `json:"cpu"`
+	MemoryMB  int               `json:"memory_mb"`
+}
+
+var (
+	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	metaKeyRE = regexp.MustCompile(`^[A-Za-z0-9_.\-/]{1,128}$`)
+	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9_.\-]{0,63}$`)
+)
+
+func (s *Service) validateCreate(r *CreateRequest) error {
+	if r.Template == "" {
+		r.Template = s.cfg.DefaultTemplate
+	}
+	if !nameRE.MatchString(r.Template) {
+		return errdefs.InvalidArgument("template: invalid name %q", r.Template)
+	}
+	if r.Driver == "" {
+		r.Driver = s.cfg.DefaultDriver
+	}
+	if _, ok := s.drivers[r.Driver]; !ok {
+		return errdefs.InvalidArgument("driver: %q is not available on this server", r.Driver)
+	}
+	if r.TimeoutS < 0 || time.Duration(r.TimeoutS)*time.Second > s.cfg.MaxTimeout {
+		return errdefs.InvalidArgument("timeout_s: must be between 1 and %d", int(s.cfg.MaxTimeout.Seconds()))
+	}
+	if r.TimeoutS == 0 {
+		r.TimeoutS = int(s.cfg.DefaultTimeout.Seconds())
+	}
+	switch r.OnTimeout {
+	case "":
+		r.OnTimeout = "kill"
+	case "kill":
+	default:
+		return errdefs.InvalidArgument("on_timeout: %q is not supported (kill)", r.OnTimeout)
+	}
+	if r.CPU < 0 || r.CPU > s.cfg.MaxCPU {
+		return errdefs.InvalidArgument("cpu: must be between 1 and %d", s.cfg.MaxCPU)
+	}
+	if r.CPU == 0 {
+		r.CPU = 1
+	}
+	if r.MemoryMB < 0 || r.MemoryMB > s.cfg.MaxMemoryMB || (r.MemoryMB != 0 && r.MemoryMB < 64) {
+		return errdefs.InvalidArgument("memory_mb: must be between 64 and %d", s.cfg.MaxMemoryMB)
+	}
+	if r.MemoryMB == 0 {
+		r.MemoryMB = 512
+	}
+	if err := validateEnv(r.Env); err != nil {
+		return err
+	}
+	if len(r.Metadata) > 64 {
+		return errdefs.InvalidArgument("metadata: at most 64 entries")
+	}
+	for k, v := range r.Metadata {
+		if !metaKeyRE.MatchString(k) || len(v) > 1024 || !utf8.ValidString(v) {
+			return errdefs.InvalidArgument("metadata: invalid entry %q", k)
+		}
+	}
+	return nil
+}
+
+func validateEnv(env map[string]string) error {
+	if len(env) > 256 {
+		return errdefs.InvalidArgument("env: at most 256 variables")
+	}
+	for k, v := range env {
+		if !envKeyRE.MatchString(k) {
+			return errdefs.InvalidArgument("env: invalid variable name %q", k)
+		}
+		if len(v) > 32<<10 || !utf8.ValidString(v) || containsNUL(v) {
+			return errdefs.InvalidArgument("env: invalid value for %q", k)
+		}
+	}
+	return nil
+}
+
+func containsNUL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Create makes and starts a sandbox. On any failure everything it made is
+// rolled back (instance destroyed, record deleted) and the error returned.
+func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (store.Sandbox, error) {
+	start := s.now()
+	if err := s.validateCreate(&req); err != nil {
+		return store.Sandbox{}, err
+	}
+	tpl, err := s.store.GetTemplate(ctx, req.Template)
+	if err != nil {
+		return store.Sandbox{}, errdefs.NotFound("template %q not found", req.Template)
+	}
+	if tpl.Status != "ready" {
+		return store.Sandbox{}, errdefs.Unavailable("template %q is %s", req.Template, tpl.Status)
+	}
+	now := s.now().UTC()
+	sb := store.Sandbox{
+		ID: newID(), Team: c.Team, Template: tpl.Name, TemplateDigest: tpl.Digest,
+		Driver: req.Driver, State: StateCreating, Env: req.Env, Metadata: req.Metadata,
+		CPU: req.CPU, MemoryMB: req.MemoryMB, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
+		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(time.Duration(req.TimeoutS) * time.Second),
+	}
+	if sb.Env == nil {
+		sb.Env = map[string]string{}
+	}
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	if err := s.store.CreateSandbox(ctx, sb); err != nil {
+		return store.Sandbox{}, err
+	}
+	log := s.log.With("sandbox", sb.ID)
+	// Creation must finish or roll back even if the client goes away.
+	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+
+	var cleanup []func()
+	rollback := func(cause error) (store.Sandbox, error) {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+		if err := s.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); err != nil {
+			log.Error("rollback: delete record", "err", err)
+		}
+		log.Warn("create failed", "err", cause)
+		s.metrics.CreateErrors.Inc()
+		return store.Sandbox{}, cause
+	}
+
+	d := s.drivers[sb.Driver]
+	spec := driver.Spec{
+		ID: sb.ID, Hostname: "sandbox", Rootfs: tpl.Path, RootfsKind: tpl.Kind,
+		StateDir: s.stateDir(sb.ID), AgentPath: s.cfg.AgentPath,
+		VCPU: sb.CPU, MemoryMB: sb.MemoryMB,
+	}
+	inst, err := d.Create(ctx, spec)
+	if err != nil {
+		return rollback(fmt.Errorf("create sandbox: %w", err))
+	}
+	cleanup = append(cleanup, func() {
+		if err := inst.Destroy(context.WithoutCancel(ctx)); err != nil {
+			log.Error("rollback: destroy", "err", err)
+		}
+	})
+	h, _ := json.Marshal(inst.Handle())
+	if err := s.store.SetSandboxHandle(ctx, sb.ID, h); err != nil {
+		return rollback(err)
+	}
+	if err := inst.Start(ctx); err != nil {
+		return rollback(fmt.Errorf("start sandbox: %w", err))
+	}
+	agent := agentclient.New(inst.DialAgent, log)
+	cleanup = append(cleanup, func() { agent.Close() })
+	if err := agent.Init(ctx, agentproto.InitRequest{SandboxID: sb.ID, Hostname: spec.Hostname, Env: sb.Env}); err != nil {
+		return rollback(fmt.Errorf("sandbox agent did not come up: %w", err))
+	}
+	l := &live{inst: inst, agent: agent}
+	s.mu.Lock()
+	s.live[sb.ID] = l
+	s.mu.Unlock()
+	cleanup = append(cleanup, func() {
+		s.mu.Lock()
+		delete(s.live, sb.ID)
+		s.mu.Unlock()
+	})
+	if err := s.store.UpdateSandboxState(ctx, sb.ID, []string{StateCreating}, StateRunning, ""); err != nil {
+		return rollback(err)
+	}
+	sb.State = StateRunning
+	s.watch(sb.ID, l)
+	s.metrics.CreateLatency.WithLabelValues(sb.Driver).Observe(s.now().Sub(start).Seconds())
+	log.Info("sandbox created", "template", sb.Template, "driver", sb.Driver, "ms", s.now().Sub(start).Milliseconds())
+	return s.store.GetSandbox(ctx, sb.ID)
+}
+
+// watch marks the sandbox stopped when its instance ends on its own (the
+// agent exited, the sandbox was OOM-killed, someone killed runsc).
+func (s *Service) watch(id string, l *live) {
+	go func() {
+		st, err := l.inst.Wait(context.Background())
+		if err != nil || st.Reason == "destroyed" {
+			return
+		}
+		s.mu.Lock()
+		cur := s.live[id]
+		s.mu.Unlock()
+		if cur != l {
+			return // destroyed or replaced through the service
+		}
+		s.log.Warn("sandbox stopped on its own", "sandbox", id, "reason", st.Reason)
+		_ = s.destroy(context.Background(), id, l, "exited: "+st.Reason)
+	}()
+}

@@ -1,0 +1,150 @@
+package sandbox
+
+import (
+	"context"
+	"io"
+
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// ExecRequest runs a command in a sandbox. Exactly one of Cmd (argv) and
+// Shell is set.
+type ExecRequest struct {
+	Cmd        []string
+	Shell      string
+	Env        map[string]string
+	Cwd        string
+	User       string
+	Stdin      []byte
+	OpenStdin  bool // keep stdin open for later writes
+	TimeoutS   int
+	Background bool
+	PTY        *agentproto.PTYSize
+}
+
+const maxArgBytes = 1 << 20
+
+func (r *ExecRequest) validate() error {
+	if (len(r.Cmd) == 0) == (r.Shell == "") {
+		return errdefs.InvalidArgument("cmd: give an argv array or a shell string")
+	}
+	n := len(r.Shell)
+	for _, a := range r.Cmd {
+		n += len(a)
+		if containsNUL(a) {
+			return errdefs.InvalidArgument("cmd: NUL byte in argument")
+		}
+	}
+	if len(r.Cmd) > 0 && r.Cmd[0] == "" {
+		return errdefs.InvalidArgument("cmd: empty program name")
+	}
+	if n > maxArgBytes || containsNUL(r.Shell) {
+		return errdefs.InvalidArgument("cmd: too long or contains NUL")
+	}
+	if err := validateEnv(r.Env); err != nil {
+		return err
+	}
+	if r.TimeoutS < 0 || r.TimeoutS > 86400 {
+		return errdefs.InvalidArgument("timeout_s: must be between 0 and 86400")
+	}
+	if r.User != "" && !nameRE.MatchString(r.User) {
+		return errdefs.InvalidArgument("user: invalid name %q", r.User)
+	}
+	if r.Cwd != "" {
+		if _, err := cleanPath(r.Cwd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Exec starts a process and returns its pid. The process's output is
+// buffered in the guest agent; read it with Events.
+func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest) (int, error) {
+	if err := req.validate(); err != nil {
+		return 0, err
+	}
+	sb, l, err := s.liveOf(ctx, c, id, StateRunning)
+	if err != nil {
+		return 0, err
+	}
+	start := s.now()
+	pid, err := l.agent.Start(ctx, agentproto.StartRequest{
+		Cmd: req.Cmd, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
+		Stdin: req.OpenStdin || req.PTY != nil, StdinData: req.Stdin,
+		TimeoutMS: int64(req.TimeoutS) * 1000, PTY: req.PTY,
+	})
+	if err != nil {
+		return 0, err
+	}
+	s.metrics.ExecLatency.WithLabelValues(sb.Driver).Observe(s.now().Sub(start).Seconds())
+	cmd := req.Cmd
+	if req.Shell != "" {
+		cmd = []string{"/bin/bash", "-lc", req.Shell}
+	}
+	if err := s.store.RecordProcess(context.WithoutCancel(ctx), store.Process{SandboxID: id, PID: pid, Cmd: cmd, Background: req.Background, StartedAt: start.UTC()}); err != nil {
+		s.log.Warn("record process", "sandbox", id, "pid", pid, "err", err)
+	}
+	return pid, nil
+}
+
+// Events streams a process's events from seq from (1 = the beginning).
+func (s *Service) Events(ctx context.Context, c Caller, id string, pid int, from uint64, follow bool) (*agentclient.EventStream, error) {
+	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	if err != nil {
+		return nil, err
+	}
+	return l.agent.Events(ctx, pid, from, follow)
+}
+
+// Processes lists the processes started in the sandbox.
+func (s *Service) Processes(ctx context.Context, c Caller, id string) ([]agentproto.Process, error) {
+	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	if err != nil {
+		return nil, err
+	}
+	return l.agent.Processes(ctx)
+}
+
+// Stdin writes to a process's stdin.
+func (s *Service) Stdin(ctx context.Context, c Caller, id string, pid int, r io.Reader, eof bool) error {
+	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	if err != nil {
+		return err
+	}
+	return l.agent.Stdin(ctx, pid, r, eof)
+}
+
+// Signal sends a signal to a process's group.
+func (s *Service) Signal(ctx context.Context, c Caller, id string, pid int, sig string) error {
+	if sig == "" || len(sig) > 16 {
+		return errdefs.InvalidArgument("signal: required, e.g. SIGTERM")
+	}
+	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	if err != nil {
+		return err
+	}
+	return l.agent.Signal(ctx, pid, sig)
+}
+
+// Resize resizes a PTY process's terminal.
+func (s *Service) Resize(ctx context.Context, c Caller, id string, pid int, size agentproto.PTYSize) error {
+	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	if err != nil {
+		return err
+	}
+	return l.agent.Resize(ctx, pid, size)
+}
+
+// Agent returns the agent client of a running sandbox (for the file
+// operations in files.go and for facades that need the raw agent).
+func (s *Service) agentFor(ctx context.Context, c Caller, id string) (*agentclient.Client, error) {
+	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	if err != nil {
+		return nil, err
+	}
+	return l.agent, nil
+}

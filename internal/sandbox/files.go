@@ -1,0 +1,155 @@
+package sandbox
+
+import (
+	"context"
+	"io"
+	"path"
+	"strings"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+// homeDir is where relative paths resolve inside a sandbox.
+const homeDir = "/home/user"
+
+// cleanPath validates a sandbox path: absolute (or relative to the user's
+// home), no NUL, no ".." segment (refused rather than resolved, so a caller
+// never gets a different file than it named), at most 4096 bytes.
+func cleanPath(p string) (string, error) {
+	if p == "" {
+		return "", errdefs.InvalidArgument("path: required")
+	}
+	if len(p) > 4096 || containsNUL(p) {
+		return "", errdefs.InvalidArgument("path: too long or contains NUL")
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == ".." {
+			return "", errdefs.InvalidArgument("path: %q contains a '..' segment", p)
+		}
+	}
+	if !strings.HasPrefix(p, "/") {
+		p = homeDir + "/" + p
+	}
+	return path.Clean(p), nil
+}
+
+// ReadFile streams a file out of the sandbox.
+func (s *Service) ReadFile(ctx context.Context, c Caller, id, p string) (io.ReadCloser, int64, error) {
+	p, err := cleanPath(p)
+	if err != nil {
+		return nil, 0, err
+	}
+	a, err := s.agentFor(ctx, c, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	return a.ReadFile(ctx, p)
+}
+
+// WriteFile streams r into a file in the sandbox (parents created).
+func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Reader) (agentproto.FileInfo, error) {
+	p, err := cleanPath(p)
+	if err != nil {
+		return agentproto.FileInfo{}, err
+	}
+	a, err := s.agentFor(ctx, c, id)
+	if err != nil {
+		return agentproto.FileInfo{}, err
+	}
+	return a.WriteFile(ctx, p, r, 0, "")
+}
+
+// Stat describes one file.
+func (s *Service) Stat(ctx context.Context, c Caller, id, p string) (agentproto.FileInfo, error) {
+	p, err := cleanPath(p)
+	if err != nil {
+		return agentproto.FileInfo{}, err
+	}
+	a, err := s.agentFor(ctx, c, id)
+	if err != nil {
+		return agentproto.FileInfo{}, err
+	}
+	return a.Stat(ctx, p)
+}
+
+// ListFiles lists a directory to depth levels.
+func (s *Service) ListFiles(ctx context.Context, c Caller, id, p string, depth int) ([]agentproto.FileInfo, error) {
+	p, err := cleanPath(p)
+	if err != nil {
+		return nil, err
+	}
+	if depth == 0 {
+		depth = 1
+	}
+	if depth < 0 || depth > 10 {
+		return nil, errdefs.InvalidArgument("depth: must be between 1 and 10")
+	}
+	a, err := s.agentFor(ctx, c, id)
+	if err != nil {
+		return nil, err
+	}
+	return a.List(ctx, p, depth)
+}
+
+// Mkdir creates a directory and its parents.
+func (s *Service) Mkdir(ctx context.Context, c Caller, id, p string) (agentproto.FileInfo, error) {
+	p, err := cleanPath(p)
+	if err != nil {
+		return agentproto.FileInfo{}, err
+	}
+	a, err := s.agentFor(ctx, c, id)
+	if err != nil {
+		return agentproto.FileInfo{}, err
+	}
+	return a.Mkdir(ctx, p, "")
+}
+
+// Move renames a file or directory.
+func (s *Service) Move(ctx context.Context, c Caller, id, from, to string) (agentproto.FileInfo, error) {
+	from, err := cleanPath(from)
+	if err != nil {
+		return agentproto.FileInfo{}, err
+	}
+	to, err = cleanPath(to)
+	if err != nil {
+		return agentproto.FileInfo{}, err
+	}
+	a, err := s.agentFor(ctx, c, id)
+	if err != nil {
+		return agentproto.FileInfo{}, err
+	}
+	return a.Move(ctx, from, to, "")
+}
+
+// Remove deletes a file, or a directory tree when recursive.
+func (s *Service) Remove(ctx context.Context, c Caller, id, p string, recursive bool) error {
+	p, err := cleanPath(p)
+	if err != nil {
+		return err
+	}
+	if p == "/" {
+		return errdefs.InvalidArgument("path: refusing to remove /")
+	}
+	a, err := s.agentFor(ctx, c, id)
+	if err != nil {
+		return err
+	}
+	return a.Remove(ctx, p, recursive)
+}
+
+// Watch streams changes under a directory.
+func (s *Service) Watch(ctx context.Context, c Caller, id, p string, recursive bool) (interface {
+	Next() (agentproto.WatchEvent, error)
+	Close() error
+}, error) {
+	p, err := cleanPath(p)
+	if err != nil {
+		return nil, err
+	}
+	a, err := s.agentFor(ctx, c, id)
+	if err != nil {
+		return nil, err
+	}
+	return a.Watch(ctx, p, recursive)
+}

@@ -1,0 +1,236 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// Get returns one sandbox the caller owns.
+func (s *Service) Get(ctx context.Context, c Caller, id string) (store.Sandbox, error) {
+	return s.get(ctx, c, id)
+}
+
+// ListOptions filters List.
+type ListOptions struct {
+	States   []string
+	Metadata map[string]string
+	Limit    int
+	Cursor   string
+}
+
+// List returns the caller's sandboxes. Without a state filter, stopped
+// sandboxes are left out.
+func (s *Service) List(ctx context.Context, c Caller, o ListOptions) ([]store.Sandbox, string, error) {
+	for _, st := range o.States {
+		switch st {
+		case StateCreating, StateRunning, StatePaused, StateStopping, StateStopped, StateError:
+		default:
+			return nil, "", errdefs.InvalidArgument("state: unknown state %q", st)
+		}
+	}
+	if len(o.States) == 0 {
+		o.States = []string{StateCreating, StateRunning, StatePaused, StateStopping, StateError}
+	}
+	f := store.SandboxFilter{States: o.States, Metadata: o.Metadata, Limit: o.Limit, After: o.Cursor}
+	if !c.Admin {
+		f.Team = c.Team
+	}
+	return s.store.ListSandboxes(ctx, f)
+}
+
+// SetTimeout moves the sandbox's expiry to now + timeout.
+func (s *Service) SetTimeout(ctx context.Context, c Caller, id string, timeoutS int) (store.Sandbox, error) {
+	if timeoutS <= 0 || time.Duration(timeoutS)*time.Second > s.cfg.MaxTimeout {
+		return store.Sandbox{}, errdefs.InvalidArgument("timeout_s: must be between 1 and %d", int(s.cfg.MaxTimeout.Seconds()))
+	}
+	sb, err := s.get(ctx, c, id)
+	if err != nil {
+		return sb, err
+	}
+	if sb.State != StateRunning && sb.State != StatePaused {
+		return sb, stateConflict(sb.State, "sandbox %s is %s", id, sb.State)
+	}
+	if err := s.store.SetSandboxTimeout(ctx, id, timeoutS, s.now().UTC().Add(time.Duration(timeoutS)*time.Second)); err != nil {
+		return sb, err
+	}
+	return s.store.GetSandbox(ctx, id)
+}
+
+// Kill destroys a sandbox. Killing a stopped sandbox is a no-op.
+func (s *Service) Kill(ctx context.Context, c Caller, id string) error {
+	sb, err := s.get(ctx, c, id)
+	if err != nil {
+		return err
+	}
+	if sb.State == StateStopped {
+		return nil
+	}
+	s.mu.Lock()
+	l := s.live[id]
+	s.mu.Unlock()
+	return s.destroy(ctx, id, l, "killed")
+}
+
+// destroy moves a sandbox through stopping to stopped and frees its host
+// resources. l may be nil (not attached); the driver then recovers the
+// instance from the persisted handle to destroy it.
+func (s *Service) destroy(ctx context.Context, id string, l *live, reason string) error {
+	ctx = context.WithoutCancel(ctx)
+	if l != nil {
+		l.opMu.Lock()
+		defer l.opMu.Unlock()
+	}
+	err := s.store.UpdateSandboxState(ctx, id, []string{StateCreating, StateRunning, StatePaused, StateError, StateStopping}, StateStopping, reason)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrConflict) {
+			return nil // already stopped by someone else
+		}
+		return err
+	}
+	s.mu.Lock()
+	if s.live[id] == l {
+		delete(s.live, id)
+	}
+	s.mu.Unlock()
+	var inst driver.Instance
+	if l != nil {
+		l.agent.Close()
+		inst = l.inst
+	} else if sb, err := s.store.GetSandbox(ctx, id); err == nil && len(sb.Handle) > 0 {
+		var h driver.Handle
+		if json.Unmarshal(sb.Handle, &h) == nil {
+			if d := s.drivers[h.Driver]; d != nil {
+				inst, _ = d.Recover(ctx, h)
+			}
+		}
+	}
+	if inst != nil {
+		if err := inst.Destroy(ctx); err != nil {
+			s.log.Error("destroy", "sandbox", id, "err", err)
+			_ = s.store.UpdateSandboxState(ctx, id, []string{StateStopping}, StateError, "destroy failed: "+err.Error())
+			return errdefs.Unavailable("sandbox %s could not be destroyed; it is marked error and can be killed again", id)
+		}
+	}
+	if err := s.store.UpdateSandboxState(ctx, id, []string{StateStopping}, StateStopped, reason); err != nil {
+		return err
+	}
+	s.log.Info("sandbox stopped", "sandbox", id, "reason", reason)
+	return nil
+}
+
+// Reap destroys sandboxes past their expiry and forgets records of
+// sandboxes stopped long ago. It runs every interval until ctx ends.
+func (s *Service) Reap(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		s.ReapOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ReapOnce runs one pass of Reap.
+func (s *Service) ReapOnce(ctx context.Context) {
+	expired, err := s.store.ListExpired(ctx, s.now().UTC())
+	if err != nil {
+		s.log.Error("reaper: list expired", "err", err)
+		return
+	}
+	for _, sb := range expired {
+		s.mu.Lock()
+		l := s.live[sb.ID]
+		s.mu.Unlock()
+		s.log.Info("sandbox timed out", "sandbox", sb.ID)
+		if err := s.destroy(ctx, sb.ID, l, "timeout"); err != nil {
+			s.log.Error("reaper: destroy", "sandbox", sb.ID, "err", err)
+		}
+	}
+	if n, err := s.store.DeleteStoppedBefore(ctx, s.now().UTC().Add(-s.cfg.StoppedRetention)); err != nil {
+		s.log.Error("reaper: forget stopped", "err", err)
+	} else if n > 0 {
+		s.log.Info("forgot stopped sandboxes", "count", n)
+	}
+}
+
+// Recover re-attaches every sandbox a previous server process left with host
+// resources. Running and paused sandboxes whose instance still exists are
+// re-attached; the rest are destroyed and marked stopped with a reason.
+func (s *Service) Recover(ctx context.Context) error {
+	var sbs []store.Sandbox
+	for cursor := ""; ; {
+		page, next, err := s.store.ListSandboxes(ctx, store.SandboxFilter{States: liveStates, Limit: store.MaxListLimit, After: cursor})
+		if err != nil {
+			return err
+		}
+		sbs = append(sbs, page...)
+		if cursor = next; cursor == "" {
+			break
+		}
+	}
+	for _, sb := range sbs {
+		log := s.log.With("sandbox", sb.ID)
+		var h driver.Handle
+		if len(sb.Handle) == 0 || json.Unmarshal(sb.Handle, &h) != nil {
+			s.markStopped(ctx, sb, "lost: no driver handle after restart")
+			continue
+		}
+		d := s.drivers[h.Driver]
+		if d == nil {
+			s.markStopped(ctx, sb, "lost: driver "+h.Driver+" not enabled after restart")
+			continue
+		}
+		inst, err := d.Recover(ctx, h)
+		if err != nil {
+			log.Warn("recover failed; marking stopped", "err", err)
+			s.markStopped(ctx, sb, "lost: instance gone after restart")
+			continue
+		}
+		if sb.State != StateRunning && sb.State != StatePaused {
+			// Interrupted mid-create or mid-destroy: finish the job.
+			_ = inst.Destroy(ctx)
+			s.markStopped(ctx, sb, "interrupted by server restart while "+sb.State)
+			continue
+		}
+		l := &live{inst: inst, agent: agentclient.New(inst.DialAgent, log)}
+		s.mu.Lock()
+		s.live[sb.ID] = l
+		s.mu.Unlock()
+		s.watch(sb.ID, l)
+		log.Info("sandbox re-attached", "state", sb.State)
+	}
+	return nil
+}
+
+func (s *Service) markStopped(ctx context.Context, sb store.Sandbox, reason string) {
+	_ = s.store.UpdateSandboxState(ctx, sb.ID, liveStates, StateStopped, reason)
+}
+
+// Shutdown detaches from every sandbox without stopping it: sandboxes keep
+// running and the next server process re-attaches them.
+func (s *Service) Shutdown() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, l := range s.live {
+		if dt, ok := l.inst.(driver.Detacher); ok {
+			dt.Detach()
+		}
+		l.agent.Close()
+		delete(s.live, id)
+	}
+}
+
+// Counts returns the number of sandboxes per state (for metrics).
+func (s *Service) Counts(ctx context.Context) (map[string]int, error) {
+	return s.store.CountSandboxesByState(ctx)
+}

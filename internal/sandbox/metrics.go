@@ -1,0 +1,57 @@
+package sandbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the service's Prometheus instruments.
+type Metrics struct {
+	CreateLatency *prometheus.HistogramVec
+	CreateErrors  prometheus.Counter
+	ExecLatency   *prometheus.HistogramVec
+}
+
+// NewMetrics registers the service's instruments on reg. The sandbox count
+// by state is collected from the store at scrape time, so it is right after
+// a restart too.
+func NewMetrics(reg prometheus.Registerer, counts func(context.Context) (map[string]int, error)) *Metrics {
+	buckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	m := &Metrics{
+		CreateLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "space", Name: "sandbox_create_seconds", Help: "Time to create a sandbox until its agent answers.", Buckets: buckets,
+		}, []string{"driver"}),
+		CreateErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "space", Name: "sandbox_create_errors_total", Help: "Sandbox creations that failed and were rolled back.",
+		}),
+		ExecLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "space", Name: "exec_start_seconds", Help: "Time to start a process in a sandbox.", Buckets: buckets,
+		}, []string{"driver"}),
+	}
+	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency)
+	if counts != nil {
+		reg.MustRegister(&stateCollector{counts: counts, desc: prometheus.NewDesc("space_sandboxes", "Sandboxes by state.", []string{"state"}, nil)})
+	}
+	return m
+}
+
+type stateCollector struct {
+	counts func(context.Context) (map[string]int, error)
+	desc   *prometheus.Desc
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	counts, err := c.counts(ctx)
+	if err != nil {
+		return
+	}
+	for _, st := range []string{StateCreating, StateRunning, StatePaused, StateStopping, StateStopped, StateError} {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[st]), st)
+	}
+}

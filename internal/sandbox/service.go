@@ -1,0 +1,186 @@
+// Package sandbox is the domain of space: a sandbox's state machine and every
+// operation on it (create, exec, files, timeout, destroy, recovery after a
+// server restart), on top of the driver contract, the guest agent client and
+// the durable store. HTTP and the E2B facade call this package; it never
+// knows about HTTP.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// States of a sandbox. Legal transitions:
+//
+//	creating → running | error
+//	running  → paused | stopping
+//	paused   → running | stopping
+//	error    → stopping
+//	stopping → stopped
+const (
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StatePaused   = "paused"
+	StateStopping = "stopping"
+	StateStopped  = "stopped"
+	StateError    = "error"
+)
+
+// Live states hold host resources.
+var liveStates = []string{StateCreating, StateRunning, StatePaused, StateStopping, StateError}
+
+// Config configures the service.
+type Config struct {
+	DataDir         string // sandbox state dirs live in DataDir/sandboxes/<id>
+	AgentPath       string
+	DefaultDriver   string
+	DefaultTemplate string
+	DefaultTimeout  time.Duration
+	MaxTimeout      time.Duration
+	// Limits a create may ask for.
+	MaxCPU      int
+	MaxMemoryMB int
+	// StoppedRetention is how long records of stopped sandboxes are kept.
+	StoppedRetention time.Duration
+}
+
+// Service owns every sandbox of one server.
+type Service struct {
+	cfg     Config
+	store   *store.Store
+	drivers map[string]driver.Driver
+	log     *slog.Logger
+	metrics *Metrics
+	now     func() time.Time
+
+	mu   sync.Mutex
+	live map[string]*live // by sandbox id
+}
+
+// live is the in-memory half of a sandbox with host resources.
+type live struct {
+	inst  driver.Instance
+	agent *agentclient.Client
+	// opMu serialises lifecycle operations (pause, resume, destroy) on one
+	// sandbox; exec and files do not take it.
+	opMu sync.Mutex
+}
+
+// New returns a service; call Recover before serving requests.
+func New(cfg Config, st *store.Store, drivers []driver.Driver, log *slog.Logger, m *Metrics) *Service {
+	if cfg.DefaultTimeout == 0 {
+		cfg.DefaultTimeout = 5 * time.Minute
+	}
+	if cfg.MaxTimeout == 0 {
+		cfg.MaxTimeout = 24 * time.Hour
+	}
+	if cfg.MaxCPU == 0 {
+		cfg.MaxCPU = 8
+	}
+	if cfg.MaxMemoryMB == 0 {
+		cfg.MaxMemoryMB = 16384
+	}
+	if cfg.StoppedRetention == 0 {
+		cfg.StoppedRetention = 24 * time.Hour
+	}
+	s := &Service{cfg: cfg, store: st, drivers: map[string]driver.Driver{}, log: log, metrics: m, now: time.Now, live: map[string]*live{}}
+	for _, d := range drivers {
+		s.drivers[d.Name()] = d
+	}
+	return s
+}
+
+// Caller identifies who asks: a team sees and touches only its own
+// sandboxes; an admin sees all.
+type Caller struct {
+	Team  string
+	Admin bool
+}
+
+func (c Caller) owns(sb store.Sandbox) bool { return c.Admin || sb.Team == c.Team }
+
+// get loads a sandbox the caller may see; others' are not found.
+func (s *Service) get(ctx context.Context, c Caller, id string) (store.Sandbox, error) {
+	if !validID(id) {
+		return store.Sandbox{}, errdefs.NotFound("sandbox %q not found", id)
+	}
+	sb, err := s.store.GetSandbox(ctx, id)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	if !c.owns(sb) {
+		return store.Sandbox{}, errdefs.NotFound("sandbox %q not found", id)
+	}
+	return sb, nil
+}
+
+// liveOf returns the live half of a sandbox in one of the given states.
+func (s *Service) liveOf(ctx context.Context, c Caller, id string, states ...string) (store.Sandbox, *live, error) {
+	sb, err := s.get(ctx, c, id)
+	if err != nil {
+		return sb, nil, err
+	}
+	ok := false
+	for _, st := range states {
+		ok = ok || sb.State == st
+	}
+	if !ok {
+		return sb, nil, stateConflict(sb.State, "sandbox %s is %s", id, sb.State)
+	}
+	s.mu.Lock()
+	l := s.live[id]
+	s.mu.Unlock()
+	if l == nil {
+		return sb, nil, errdefs.Unavailable("sandbox %s is not attached yet", id)
+	}
+	return sb, l, nil
+}
+
+func (s *Service) stateDir(id string) string {
+	return filepath.Join(s.cfg.DataDir, "sandboxes", id)
+}
+
+// ConflictError is a conflict that names the sandbox's current state.
+type ConflictError struct {
+	State string
+	msg   string
+}
+
+func (e *ConflictError) Error() string { return e.msg }
+func (e *ConflictError) Unwrap() error { return errdefs.ErrConflict }
+
+func stateConflict(state, format string, args ...any) error {
+	return &ConflictError{State: state, msg: fmt.Sprintf(format, args...)}
+}
+
+var idEnc = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+func newID() string {
+	b := make([]byte, 10)
+	rand.Read(b)
+	return "sb-" + idEnc.EncodeToString(b)
+}
+
+func validID(id string) bool {
+	if len(id) < 4 || len(id) > 64 || !strings.HasPrefix(id, "sb-") {
+		return false
+	}
+	for _, r := range id[3:] {
+		if !(r >= 'a' && r <= 'z' || r >= '2' && r <= '7') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,68 @@
+package server
+
+import (
+	"os"
+	"path/filepath"
+)
+
+// Config is everything `space serve` is told by flags and SPACE_* variables.
+type Config struct {
+	DataDir         string // SPACE_DATA, --data: database, keys, sandbox state (default /var/lib/space)
+	CacheDir        string // SPACE_CACHE, --cache: gVisor build, template builds (default /var/cache/space)
+	Listen          string // SPACE_LISTEN, --listen (default 127.0.0.1:7070)
+	Driver          string // SPACE_DRIVER, --driver (default "gvisor")
+	RunscPath       string // SPACE_RUNSC, --runsc: path to runsc (default: the cached build)
+	AgentPath       string // SPACE_AGENT, --agent: path to space-agent (default: next to the space binary)
+	DefaultTemplate string // SPACE_TEMPLATE, --template (default "base")
+	LogLevel        string // SPACE_LOG_LEVEL, --log-level: debug|info|warn|error (default info)
+	LogFormat       string // SPACE_LOG_FORMAT, --log-format: text|json (default text)
+	// MaxTimeoutS caps a sandbox's timeout; DefaultTimeoutS applies when a
+	// create asks for none.
+	DefaultTimeoutS int // --default-timeout (default 300)
+	MaxTimeoutS     int // --max-timeout (default 86400)
+}
+
+// DefaultDataDir is where a server keeps its state unless told otherwise.
+const DefaultDataDir = "/var/lib/space"
+
+// Defaults fills zero fields with defaults.
+func (c *Config) Defaults() {
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir
+	}
+	if c.CacheDir == "" {
+		c.CacheDir = "/var/cache/space"
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:7070"
+	}
+	if c.Driver == "" {
+		c.Driver = "gvisor"
+	}
+	if c.DefaultTemplate == "" {
+		c.DefaultTemplate = "base"
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	if c.LogFormat == "" {
+		c.LogFormat = "text"
+	}
+	if c.DefaultTimeoutS == 0 {
+		c.DefaultTimeoutS = 300
+	}
+	if c.MaxTimeoutS == 0 {
+		c.MaxTimeoutS = 86400
+	}
+	if c.AgentPath == "" {
+		if exe, err := os.Executable(); err == nil {
+			c.AgentPath = filepath.Join(filepath.Dir(exe), "space-agent")
+		}
+	}
+}
+
+// Files a running server leaves in its data dir for local clients.
+const (
+	KeyFile   = "api-key"    // the admin key, mode 0600
+	ServeFile = "serve.json" // {"url": "http://127.0.0.1:7070"} while the server runs
+)

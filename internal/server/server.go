@@ -1,0 +1,242 @@
+// Package server is the composition root of `space serve`: it opens the
+// store, bootstraps the admin key, builds the driver, template registry and
+// sandbox service, recovers sandboxes left by an earlier process, serves the
+// HTTP API and shuts down in order.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/spacesandbox/space/api"
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/driver/gvisor"
+	"github.com/spacesandbox/space/internal/httpapi"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/template"
+)
+
+// Run serves until ctx is cancelled. Sandboxes keep running after Run
+// returns; the next Run on the same data dir re-attaches them.
+func Run(ctx context.Context, cfg Config) error {
+	cfg.Defaults()
+	log := newLogger(cfg)
+	slog.SetDefault(log)
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "space.db"))
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer st.Close()
+	keyPath, err := bootstrapKey(ctx, st, cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("admin key: %w", err)
+	}
+	log.Info("admin API key", "file", keyPath)
+
+	if cfg.RunscPath == "" {
+		cfg.RunscPath = filepath.Join(cfg.CacheDir, "runsc-"+gvisor.PinnedVersion, "runsc")
+	}
+	if _, err := os.Stat(cfg.AgentPath); err != nil {
+		return fmt.Errorf("space-agent binary not found at %s (build it with `make build`, or pass --agent): %w", cfg.AgentPath, err)
+	}
+	var drivers []driver.Driver
+	switch cfg.Driver {
+	case gvisor.Name:
+		d, err := gvisor.New(ctx, gvisor.Config{Runsc: cfg.RunscPath, Root: filepath.Join(cfg.DataDir, "runsc"), Log: log})
+		if err != nil {
+			return fmt.Errorf("%w (build runsc with `make runsc`, or pass --runsc)", err)
+		}
+		drivers = append(drivers, d)
+	default:
+		return fmt.Errorf("driver %q is not available (available: gvisor)", cfg.Driver)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := sandbox.NewMetrics(reg, st.CountSandboxesByState)
+	svc := sandbox.New(sandbox.Config{
+		DataDir: cfg.DataDir, AgentPath: cfg.AgentPath,
+		DefaultDriver: cfg.Driver, DefaultTemplate: cfg.DefaultTemplate,
+		DefaultTimeout: time.Duration(cfg.DefaultTimeoutS) * time.Second,
+		MaxTimeout:     time.Duration(cfg.MaxTimeoutS) * time.Second,
+	}, st, drivers, log, metrics)
+	if err := svc.Recover(ctx); err != nil {
+		return fmt.Errorf("recover sandboxes: %w", err)
+	}
+	defer svc.Shutdown()
+
+	builder, err := template.NewBuilder(filepath.Join(cfg.CacheDir, "templates"))
+	if err != nil {
+		return fmt.Errorf("template cache: %w", err)
+	}
+	tpls := &templates{store: st, builder: builder, log: log}
+	health := &health{detail: "default template " + cfg.DefaultTemplate + " not ready yet"}
+
+	api := httpapi.New(httpapi.Config{
+		Service: svc, Store: st, Templates: tpls, Health: health.get,
+		OpenAPI: api.OpenAPI, Gatherer: reg, Log: log,
+	})
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
+	url := "http://" + ln.Addr().String()
+	if err := writeServeFile(cfg.DataDir, url); err != nil {
+		return err
+	}
+	defer os.Remove(filepath.Join(cfg.DataDir, ServeFile))
+	log.Info("serving", "url", url, "driver", cfg.Driver, "data", cfg.DataDir)
+
+	var wg sync.WaitGroup
+	bg, stopBG := context.WithCancel(ctx)
+	defer stopBG()
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		health.ensureTemplate(bg, tpls, cfg.DefaultTemplate, log)
+	}()
+	go func() {
+		defer wg.Done()
+		svc.Reap(bg, time.Second)
+	}()
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		stopBG()
+		wg.Wait()
+		return fmt.Errorf("http: %w", err)
+	}
+	log.Info("shutting down")
+	stopBG()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	wg.Wait()
+	return nil
+}
+
+func newLogger(cfg Config) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// bootstrapKey makes sure the data dir has an admin key file whose hash is
+// in the store, creating both on first start.
+func bootstrapKey(ctx context.Context, st *store.Store, dataDir string) (string, error) {
+	path := filepath.Join(dataDir, KeyFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		key := strings.TrimSpace(string(b))
+		if _, err := st.KeyByHash(ctx, httpapi.HashKey(key)); err == nil {
+			return path, nil
+		}
+		return path, st.CreateKey(ctx, store.Key{ID: httpapi.NewKeyID(), Hash: httpapi.HashKey(key), Team: "admin", Admin: true, Name: "bootstrap", CreatedAt: time.Now().UTC()})
+	case errors.Is(err, os.ErrNotExist):
+		key := httpapi.NewKey()
+		if err := st.CreateKey(ctx, store.Key{ID: httpapi.NewKeyID(), Hash: httpapi.HashKey(key), Team: "admin", Admin: true, Name: "bootstrap", CreatedAt: time.Now().UTC()}); err != nil {
+			return path, err
+		}
+		return path, writeFileAtomic(path, []byte(key+"\n"), 0o600)
+	default:
+		return path, err
+	}
+}
+
+func writeServeFile(dataDir, url string) error {
+	b, _ := json.Marshal(map[string]string{"url": url})
+	return writeFileAtomic(filepath.Join(dataDir, ServeFile), b, 0o644)
+}
+
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// health is what /healthz reports.
+type health struct {
+	mu     sync.Mutex
+	ready  bool
+	detail string
+}
+
+func (h *health) get() (bool, string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ready, h.detail
+}
+
+func (h *health) set(ready bool, detail string) {
+	h.mu.Lock()
+	h.ready, h.detail = ready, detail
+	h.mu.Unlock()
+}
+
+// ensureTemplate builds the default template if this data dir lacks it
+// (a cache hit when another data dir on the host built the same recipe),
+// logging progress, and marks the server healthy when it is ready.
+func (h *health) ensureTemplate(ctx context.Context, t *templates, name string, log *slog.Logger) {
+	for attempt := 1; ctx.Err() == nil; attempt++ {
+		h.set(false, "preparing default template "+name)
+		_, err := t.Build(ctx, name, func(line string) {
+			h.set(false, "building default template "+name+": "+line)
+			log.Info("template build", "template", name, "line", line)
+		})
+		if err == nil {
+			h.set(true, "")
+			log.Info("default template ready", "template", name)
+			return
+		}
+		h.set(false, "default template "+name+" failed to build: "+err.Error())
+		log.Error("default template build failed; retrying", "template", name, "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(min(attempt, 6)) * 10 * time.Second):
+		}
+	}
+}

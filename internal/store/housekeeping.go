@@ -1,0 +1,52 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"time"
+)
+
+// SetSandboxTimeout sets sandbox id's timeout and its new expiry.
+// Errors: errdefs.ErrNotFound.
+func (s *Store) SetSandboxTimeout(ctx context.Context, id string, timeoutS int, expiresAt time.Time) error {
+	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET timeout_s = ?, expires_at = ?, updated_at = ? WHERE id = ?`,
+		timeoutS, toNanos(expiresAt), toNanos(time.Now()), id)
+	if err != nil {
+		return fmt.Errorf("store: set timeout of %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.NotFound("sandbox %s not found", id)
+	}
+	return nil
+}
+
+// DeleteStoppedBefore forgets sandboxes that stopped before t and returns
+// how many it removed.
+func (s *Store) DeleteStoppedBefore(ctx context.Context, t time.Time) (int64, error) {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM sandboxes WHERE state = ? AND stopped_at IS NOT NULL AND stopped_at < ?`,
+		StateStopped, toNanos(t))
+	if err != nil {
+		return 0, fmt.Errorf("store: delete stopped sandboxes: %w", err)
+	}
+	return res.RowsAffected()
+}
+
+// CountSandboxesByState returns how many sandboxes are in each state.
+func (s *Store) CountSandboxesByState(ctx context.Context) (map[string]int, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT state, COUNT(*) FROM sandboxes GROUP BY state`)
+	if err != nil {
+		return nil, fmt.Errorf("store: count sandboxes: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var st string
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, fmt.Errorf("store: count sandboxes: %w", err)
+		}
+		out[st] = n
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,115 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// migrations are applied in order; migrations[i] brings the schema to
+// version i+1. Never edit a released migration: append a new one.
+var migrations = []string{
+	// 1: keys, sandboxes, templates, processes.
+	`
+CREATE TABLE keys (
+	id         TEXT PRIMARY KEY,
+	hash       BLOB NOT NULL UNIQUE,
+	team       TEXT NOT NULL,
+	admin      INTEGER NOT NULL DEFAULT 0,
+	name       TEXT NOT NULL DEFAULT '',
+	created_at INTEGER NOT NULL
+);
+CREATE INDEX keys_team ON keys(team, created_at);
+
+CREATE TABLE sandboxes (
+	id              TEXT PRIMARY KEY,
+	team            TEXT NOT NULL,
+	template        TEXT NOT NULL DEFAULT '',
+	template_digest TEXT NOT NULL DEFAULT '',
+	driver          TEXT NOT NULL DEFAULT '',
+	state           TEXT NOT NULL,
+	reason          TEXT NOT NULL DEFAULT '',
+	handle          BLOB,
+	env             TEXT NOT NULL DEFAULT '{}',
+	metadata        TEXT NOT NULL DEFAULT '{}',
+	cpu             INTEGER NOT NULL DEFAULT 0,
+	memory_mb       INTEGER NOT NULL DEFAULT 0,
+	timeout_s       INTEGER NOT NULL DEFAULT 0,
+	on_timeout      TEXT NOT NULL DEFAULT '',
+	created_at      INTEGER NOT NULL,
+	updated_at      INTEGER NOT NULL,
+	expires_at      INTEGER NOT NULL DEFAULT 0,
+	stopped_at      INTEGER
+);
+CREATE INDEX sandboxes_team ON sandboxes(team, created_at, id);
+CREATE INDEX sandboxes_list ON sandboxes(created_at, id);
+CREATE INDEX sandboxes_expiry ON sandboxes(expires_at) WHERE expires_at > 0 AND stopped_at IS NULL;
+
+CREATE TABLE templates (
+	name       TEXT PRIMARY KEY,
+	digest     TEXT NOT NULL DEFAULT '',
+	path       TEXT NOT NULL DEFAULT '',
+	kind       TEXT NOT NULL DEFAULT '',
+	size_bytes INTEGER NOT NULL DEFAULT 0,
+	recipe     TEXT NOT NULL DEFAULT 'null',
+	status     TEXT NOT NULL,
+	error      TEXT NOT NULL DEFAULT '',
+	built_at   INTEGER NOT NULL DEFAULT 0
+);
+
+CREATE TABLE processes (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	sandbox_id TEXT NOT NULL REFERENCES sandboxes(id) ON DELETE CASCADE,
+	pid        INTEGER NOT NULL,
+	cmd        TEXT NOT NULL DEFAULT '[]',
+	tag        TEXT NOT NULL DEFAULT '',
+	background INTEGER NOT NULL DEFAULT 0,
+	started_at INTEGER NOT NULL,
+	exit_code  INTEGER,
+	exited_at  INTEGER
+);
+CREATE INDEX processes_sandbox ON processes(sandbox_id, pid);
+`,
+}
+
+// migrate brings the database to the latest schema version. Each pending
+// migration runs in its own transaction together with the bump of
+// schema_version, so a crash leaves the schema at a whole version.
+func migrate(ctx context.Context, db *sql.DB) error {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
+		version    INTEGER PRIMARY KEY,
+		applied_at INTEGER NOT NULL
+	)`); err != nil {
+		return fmt.Errorf("store: create schema_version: %w", err)
+	}
+	for i, m := range migrations {
+		version := i + 1
+		err := func() error {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			var applied int
+			// Checked inside the (immediate) transaction so two processes
+			// opening a fresh file apply each migration once.
+			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_version WHERE version = ?`, version).Scan(&applied); err != nil {
+				return err
+			}
+			if applied > 0 {
+				return nil
+			}
+			if _, err := tx.ExecContext(ctx, m); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO schema_version(version, applied_at) VALUES (?, strftime('%s','now'))`, version); err != nil {
+				return err
+			}
+			return tx.Commit()
+		}()
+		if err != nil {
+			return fmt.Errorf("store: migration %d: %w", version, err)
+		}
+	}
+	return nil
+}

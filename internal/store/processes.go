@@ -1,0 +1,108 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+// Process is a process started in a sandbox. Records go away with their
+// sandbox.
+type Process struct {
+	SandboxID  string
+	PID        int
+	Cmd        []string
+	Tag        string
+	Background bool
+	StartedAt  time.Time
+	ExitCode   *int       // nil while running
+	ExitedAt   *time.Time // nil while running
+}
+
+// RecordProcess stores a started process. A PID may be recorded again once
+// its earlier process has exited (PIDs are reused in long-lived sandboxes).
+// StartedAt defaults to now. Errors: errdefs.ErrNotFound if the sandbox
+// does not exist.
+func (s *Store) RecordProcess(ctx context.Context, p Process) error {
+	if p.SandboxID == "" {
+		return errdefs.InvalidArgument("process needs a sandbox id")
+	}
+	if p.StartedAt.IsZero() {
+		p.StartedAt = time.Now()
+	}
+	cmd, err := json.Marshal(p.Cmd)
+	if err != nil {
+		return fmt.Errorf("store: encode cmd: %w", err)
+	}
+	var code sql.NullInt64
+	if p.ExitCode != nil {
+		code = sql.NullInt64{Int64: int64(*p.ExitCode), Valid: true}
+	}
+	_, err = s.w.ExecContext(ctx, `INSERT INTO processes(sandbox_id, pid, cmd, tag, background, started_at, exit_code, exited_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		p.SandboxID, p.PID, string(cmd), p.Tag, boolInt(p.Background), toNanos(p.StartedAt), code, toNullNanos(p.ExitedAt))
+	if err != nil {
+		return classify(err, fmt.Sprintf("process %d of sandbox %s", p.PID, p.SandboxID))
+	}
+	return nil
+}
+
+// FinishProcess records the exit of the running process pid of sandboxID
+// (the latest record of that PID without an exit). exitedAt defaults to
+// now. Errors: errdefs.ErrNotFound if no such running process is recorded.
+func (s *Store) FinishProcess(ctx context.Context, sandboxID string, pid, exitCode int, exitedAt time.Time) error {
+	if exitedAt.IsZero() {
+		exitedAt = time.Now()
+	}
+	res, err := s.w.ExecContext(ctx, `UPDATE processes SET exit_code = ?, exited_at = ?
+		WHERE seq = (SELECT MAX(seq) FROM processes WHERE sandbox_id = ? AND pid = ? AND exited_at IS NULL)`,
+		exitCode, toNanos(exitedAt), sandboxID, pid)
+	if err != nil {
+		return fmt.Errorf("store: finish process: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.NotFound("no running process %d in sandbox %s", pid, sandboxID)
+	}
+	return nil
+}
+
+// ListProcesses returns the processes of sandboxID in the order they were
+// recorded (empty, not an error, for an unknown sandbox).
+func (s *Store) ListProcesses(ctx context.Context, sandboxID string) ([]Process, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT sandbox_id, pid, cmd, tag, background, started_at, exit_code, exited_at
+		FROM processes WHERE sandbox_id = ? ORDER BY seq`, sandboxID)
+	if err != nil {
+		return nil, fmt.Errorf("store: list processes: %w", err)
+	}
+	defer rows.Close()
+	var out []Process
+	for rows.Next() {
+		var p Process
+		var cmd string
+		var bg int
+		var started int64
+		var code, exited sql.NullInt64
+		if err := rows.Scan(&p.SandboxID, &p.PID, &cmd, &p.Tag, &bg, &started, &code, &exited); err != nil {
+			return nil, fmt.Errorf("store: list processes: %w", err)
+		}
+		if err := json.Unmarshal([]byte(cmd), &p.Cmd); err != nil {
+			return nil, fmt.Errorf("store: decode cmd: %w", err)
+		}
+		p.Background = bg != 0
+		p.StartedAt = fromNanos(started)
+		if code.Valid {
+			c := int(code.Int64)
+			p.ExitCode = &c
+		}
+		p.ExitedAt = fromNullNanos(exited)
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: list processes: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,201 @@
+// Package store owns the durable records of space: API keys, sandboxes (with
+// their driver handles and state), templates and the processes started in
+// sandboxes.
+//
+// It speaks database/sql so that a Postgres backend can follow; today the
+// embedded default is SQLite through the pure-Go modernc.org/sqlite driver.
+// The file is opened in WAL mode with a busy timeout and foreign keys on.
+// Writes go through a single connection (BEGIN IMMEDIATE), so concurrent
+// writers queue in Go instead of failing with SQLITE_BUSY; reads use a
+// separate pool that WAL lets run beside the writer.
+//
+// Errors are errdefs classes: a missing record is errdefs.ErrNotFound, a
+// duplicate id or key hash is errdefs.ErrConflict, and a compare-and-set on
+// a sandbox's state that finds another state is errdefs.ErrConflict naming
+// the current state.
+//
+// Times are stored as Unix nanoseconds (UTC); the zero time.Time is stored as
+// 0 and read back as the zero time.Time.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// Store is a handle on the database. It is safe for concurrent use.
+type Store struct {
+	w *sql.DB // the one writer connection
+	r *sql.DB // readers (WAL lets them run beside the writer)
+}
+
+// busyTimeout bounds how long a connection waits for a lock held by another
+// process before SQLite reports SQLITE_BUSY.
+const busyTimeout = 10 * time.Second
+
+// Open opens (creating if needed) the SQLite database at path and brings
+// its schema up to date. Migrations are idempotent: reopening an up-to-date
+// file changes nothing.
+func Open(ctx context.Context, path string) (*Store, error) {
+	if path == "" {
+		return nil, errdefs.InvalidArgument("store: empty database path")
+	}
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Set("_txlock", "immediate")
+	dsn := "file:" + path + "?" + q.Encode()
+
+	w, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+
+	if err := migrate(ctx, w); err != nil {
+		w.Close()
+		return nil, err
+	}
+
+	r, err := sql.Open("sqlite", dsn+"&_pragma=query_only(1)")
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("store: open %s: %w", path, err)
+	}
+	r.SetMaxOpenConns(4)
+	r.SetMaxIdleConns(4)
+	return &Store{w: w, r: r}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error {
+	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+// SchemaVersion reports the schema version the database is at.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v int
+	err := s.r.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_version`).Scan(&v)
+	if err != nil {
+		return 0, fmt.Errorf("store: schema version: %w", err)
+	}
+	return v, nil
+}
+
+// inTx runs fn in a write transaction (BEGIN IMMEDIATE on the writer),
+// committing if fn returns nil.
+func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	return nil
+}
+
+// classify turns driver errors into errdefs classes: constraint violations
+// on unique keys become ErrConflict, foreign-key violations ErrNotFound.
+// what names the record for the message ("sandbox sb-1").
+func classify(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() {
+		case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+			return fmt.Errorf("%s already exists: %w", what, errdefs.ErrConflict)
+		case sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
+			return fmt.Errorf("%s refers to a missing record: %w", what, errdefs.ErrNotFound)
+		}
+	}
+	return fmt.Errorf("store: %s: %w", what, err)
+}
+
+// Time encoding: Unix nanoseconds, 0 for the zero time.
+
+func toNanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
+
+func toNullNanos(t *time.Time) sql.NullInt64 {
+	if t == nil || t.IsZero() {
+		return sql.NullInt64{}
+	}
+	return sql.NullInt64{Int64: t.UnixNano(), Valid: true}
+}
+
+func fromNullNanos(n sql.NullInt64) *time.Time {
+	if !n.Valid {
+		return nil
+	}
+	t := fromNanos(n.Int64)
+	return &t
+}
+
+// JSON map columns: a nil map is stored as {} and read back as an empty,
+// non-nil map.
+
+func encodeMap(m map[string]string) (string, error) {
+	if m == nil {
+		return "{}", nil
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return "", fmt.Errorf("store: encode map: %w", err)
+	}
+	return string(b), nil
+}
+
+func decodeMap(s string) (map[string]string, error) {
+	m := map[string]string{}
+	if s == "" {
+		return m, nil
+	}
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return nil, fmt.Errorf("store: decode map: %w", err)
+	}
+	return m, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// scanner is the common part of *sql.Row and *sql.Rows.
+type scanner interface {
+	Scan(dest ...any) error
+}

@@ -1,0 +1,493 @@
+package store
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+func openTest(t *testing.T, path string) *Store {
+	t.Helper()
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "space.db")
+	}
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func newSandbox(id, team, state string) Sandbox {
+	return Sandbox{ID: id, Team: team, State: state, Template: "base", Driver: "gvisor",
+		Env: map[string]string{"A": "1"}, Metadata: map[string]string{"owner": "me"}, CPU: 2, MemoryMB: 512,
+		TimeoutS: 300, OnTimeout: "kill"}
+}
+
+func TestKeys(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	h := sha256.Sum256([]byte("secret"))
+	k := Key{ID: "k1", Hash: h[:], Team: "t1", Admin: true, Name: "ci"}
+	if err := s.CreateKey(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateKey(ctx, Key{ID: "k2", Hash: h[:], Team: "t2"}); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("duplicate hash: got %v, want conflict", err)
+	}
+	if err := s.CreateKey(ctx, Key{ID: "k1", Hash: []byte("x"), Team: "t2"}); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("duplicate id: got %v, want conflict", err)
+	}
+	if err := s.CreateKey(ctx, Key{ID: "k3", Team: "t2"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("no hash: got %v, want invalid argument", err)
+	}
+	got, err := s.KeyByHash(ctx, h[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != "k1" || !got.Admin || got.Team != "t1" || got.Name != "ci" || !bytes.Equal(got.Hash, h[:]) || got.CreatedAt.IsZero() {
+		t.Fatalf("KeyByHash = %+v", got)
+	}
+	if _, err := s.KeyByHash(ctx, []byte("nope")); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("missing key: got %v", err)
+	}
+	if err := s.CreateKey(ctx, Key{ID: "k4", Hash: []byte("h4"), Team: "t2"}); err != nil {
+		t.Fatal(err)
+	}
+	if ks, _ := s.ListKeys(ctx, "t1"); len(ks) != 1 || ks[0].ID != "k1" {
+		t.Fatalf("ListKeys(t1) = %+v", ks)
+	}
+	if ks, _ := s.ListKeys(ctx, ""); len(ks) != 2 {
+		t.Fatalf("ListKeys() = %d keys, want 2", len(ks))
+	}
+	if err := s.DeleteKey(ctx, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteKey(ctx, "k1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("delete twice: got %v", err)
+	}
+}
+
+func TestSandboxCRUD(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	sb := newSandbox("sb1", "t1", "running")
+	sb.Handle = []byte(`{"pid":42}`)
+	sb.TemplateDigest = "abc"
+	if err := s.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandbox(ctx, sb); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("duplicate: got %v", err)
+	}
+	got, err := s.GetSandbox(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Team != "t1" || got.State != "running" || got.Env["A"] != "1" || got.Metadata["owner"] != "me" ||
+		got.CPU != 2 || got.MemoryMB != 512 || got.TimeoutS != 300 || got.OnTimeout != "kill" ||
+		string(got.Handle) != `{"pid":42}` || got.TemplateDigest != "abc" || got.Driver != "gvisor" ||
+		got.CreatedAt.IsZero() || !got.ExpiresAt.IsZero() || got.StoppedAt != nil {
+		t.Fatalf("GetSandbox = %+v", got)
+	}
+	if _, err := s.GetSandbox(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("missing: got %v", err)
+	}
+
+	if err := s.SetSandboxHandle(ctx, "sb1", []byte(`{"pid":43}`)); err != nil {
+		t.Fatal(err)
+	}
+	exp := time.Now().Add(time.Minute).Truncate(time.Microsecond)
+	if err := s.SetSandboxExpiry(ctx, "sb1", exp); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = s.GetSandbox(ctx, "sb1")
+	if string(got.Handle) != `{"pid":43}` || !got.ExpiresAt.Equal(exp) {
+		t.Fatalf("after set: handle %s expiry %v, want %v", got.Handle, got.ExpiresAt, exp)
+	}
+	if err := s.SetSandboxHandle(ctx, "nope", nil); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("handle of missing: got %v", err)
+	}
+	if err := s.SetSandboxExpiry(ctx, "nope", exp); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("expiry of missing: got %v", err)
+	}
+
+	// Nil maps read back as empty maps.
+	if err := s.CreateSandbox(ctx, Sandbox{ID: "sb2", Team: "t1", State: "creating"}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = s.GetSandbox(ctx, "sb2")
+	if got.Env == nil || got.Metadata == nil || len(got.Env) != 0 {
+		t.Fatalf("nil maps read back as %#v %#v", got.Env, got.Metadata)
+	}
+
+	if err := s.DeleteSandbox(ctx, "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteSandbox(ctx, "sb1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("delete twice: got %v", err)
+	}
+}
+
+func TestSandboxStateCAS(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	if err := s.CreateSandbox(ctx, newSandbox("sb1", "t1", "running")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.UpdateSandboxState(ctx, "sb1", []string{"running"}, "paused", "user"); err != nil {
+		t.Fatal(err)
+	}
+	err := s.UpdateSandboxState(ctx, "sb1", []string{"running"}, "paused", "user")
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "sandbox is paused") {
+		t.Fatalf("CAS from wrong state: got %v, want conflict naming paused", err)
+	}
+	if err := s.UpdateSandboxState(ctx, "nope", []string{"running"}, "paused", ""); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("CAS on missing: got %v", err)
+	}
+	got, _ := s.GetSandbox(ctx, "sb1")
+	if got.State != "paused" || got.Reason != "user" || got.StoppedAt != nil {
+		t.Fatalf("after pause: %+v", got)
+	}
+	if err := s.UpdateSandboxState(ctx, "sb1", []string{"running", "paused"}, StateStopped, "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = s.GetSandbox(ctx, "sb1")
+	if got.State != StateStopped || got.Reason != "timeout" || got.StoppedAt == nil || got.UpdatedAt.Before(got.CreatedAt) {
+		t.Fatalf("after stop: %+v", got)
+	}
+	// Empty fromStates: unconditional.
+	if err := s.UpdateSandboxState(ctx, "sb1", nil, "error", "recover"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Only one of many concurrent CAS calls from the same state wins.
+func TestSandboxStateCASRace(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	if err := s.CreateSandbox(ctx, newSandbox("sb1", "t1", "running")); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	wins, conflicts := 0, 0
+	for i := range 10 {
+		wg.Go(func() {
+			err := s.UpdateSandboxState(ctx, "sb1", []string{"running"}, "paused", fmt.Sprint(i))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				wins++
+			case errors.Is(err, errdefs.ErrConflict):
+				conflicts++
+			default:
+				t.Errorf("CAS: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if wins != 1 || conflicts != 9 {
+		t.Fatalf("wins %d conflicts %d, want 1 and 9", wins, conflicts)
+	}
+}
+
+func ids(sbs []Sandbox) string {
+	var out []string
+	for _, sb := range sbs {
+		out = append(out, sb.ID)
+	}
+	return strings.Join(out, ",")
+}
+
+func TestListSandboxes(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	base := time.Now().Add(-time.Hour)
+	add := func(i int, id, team, state string, md map[string]string) {
+		sb := newSandbox(id, team, state)
+		sb.Metadata = md
+		sb.CreatedAt = base.Add(time.Duration(i) * time.Second)
+		if err := s.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add(1, "a", "t1", "running", map[string]string{"env": "prod", "odd key.\"$": "x"})
+	add(2, "b", "t1", "paused", map[string]string{"env": "dev"})
+	add(3, "c", "t1", "stopped", map[string]string{"env": "prod", "app": "web"})
+	add(4, "d", "t2", "running", map[string]string{"env": "prod"})
+
+	cases := []struct {
+		name string
+		f    SandboxFilter
+		want string
+	}{
+		{"team t1", SandboxFilter{Team: "t1"}, "a,b,c"},
+		{"team t2", SandboxFilter{Team: "t2"}, "d"},
+		{"all teams", SandboxFilter{}, "a,b,c,d"},
+		{"states", SandboxFilter{Team: "t1", States: []string{"running", "paused"}}, "a,b"},
+		{"metadata", SandboxFilter{Team: "t1", Metadata: map[string]string{"env": "prod"}}, "a,c"},
+		{"metadata two pairs", SandboxFilter{Metadata: map[string]string{"env": "prod", "app": "web"}}, "c"},
+		{"metadata odd key", SandboxFilter{Metadata: map[string]string{"odd key.\"$": "x"}}, "a"},
+		{"metadata no match", SandboxFilter{Metadata: map[string]string{"env": "qa"}}, ""},
+		{"state and metadata", SandboxFilter{States: []string{"running"}, Metadata: map[string]string{"env": "prod"}}, "a,d"},
+	}
+	for _, c := range cases {
+		got, next, err := s.ListSandboxes(ctx, c.f)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if ids(got) != c.want || next != "" {
+			t.Errorf("%s: got %q next %q, want %q", c.name, ids(got), next, c.want)
+		}
+	}
+
+	// Pagination walks every sandbox once, in order.
+	var all []string
+	cursor := ""
+	for pages := 0; ; pages++ {
+		got, next, err := s.ListSandboxes(ctx, SandboxFilter{Limit: 3, After: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, ids(got))
+		if next == "" {
+			break
+		}
+		cursor = next
+		if pages > 5 {
+			t.Fatal("pagination does not end")
+		}
+	}
+	if strings.Join(all, "|") != "a,b,c|d" {
+		t.Fatalf("pages = %q", all)
+	}
+	if _, _, err := s.ListSandboxes(ctx, SandboxFilter{After: "!!"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("bad cursor: got %v", err)
+	}
+}
+
+func TestListExpired(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	now := time.Now()
+	for _, c := range []struct {
+		id     string
+		expiry time.Time
+		state  string
+	}{
+		{"past", now.Add(-time.Minute), "running"},
+		{"older", now.Add(-time.Hour), "paused"},
+		{"future", now.Add(time.Minute), "running"},
+		{"never", time.Time{}, "running"},
+		{"stopped", now.Add(-time.Minute), "running"},
+	} {
+		if err := s.CreateSandbox(ctx, newSandbox(c.id, "t1", c.state)); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetSandboxExpiry(ctx, c.id, c.expiry); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.UpdateSandboxState(ctx, "stopped", nil, StateStopped, ""); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ListExpired(ctx, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids(got) != "older,past" {
+		t.Fatalf("ListExpired = %q, want older,past", ids(got))
+	}
+}
+
+func TestTemplates(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	tpl := Template{Name: "base", Status: TemplateBuilding, Recipe: []byte(`{"suite":"bookworm"}`)}
+	if err := s.PutTemplate(ctx, tpl); err != nil {
+		t.Fatal(err)
+	}
+	built := time.Now().Truncate(time.Microsecond)
+	tpl = Template{Name: "base", Digest: "d1", Path: "/x/rootfs", Kind: "dir", SizeBytes: 1 << 20,
+		Recipe: []byte(`{"suite":"bookworm"}`), Status: TemplateReady, BuiltAt: built}
+	if err := s.PutTemplate(ctx, tpl); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetTemplate(ctx, "base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != TemplateReady || got.Digest != "d1" || got.Path != "/x/rootfs" || got.Kind != "dir" ||
+		got.SizeBytes != 1<<20 || string(got.Recipe) != `{"suite":"bookworm"}` || !got.BuiltAt.Equal(built) {
+		t.Fatalf("GetTemplate = %+v", got)
+	}
+	if err := s.PutTemplate(ctx, Template{Name: "py", Status: TemplateFailed, Error: "boom"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTemplate(ctx, Template{Name: "bad", Status: TemplateReady, Recipe: []byte("{")}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("bad recipe: got %v", err)
+	}
+	list, err := s.ListTemplates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 || list[0].Name != "base" || list[1].Name != "py" || list[1].Error != "boom" || list[1].Recipe != nil {
+		t.Fatalf("ListTemplates = %+v", list)
+	}
+	if _, err := s.GetTemplate(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("missing: got %v", err)
+	}
+	if err := s.DeleteTemplate(ctx, "py"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestProcesses(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	if err := s.CreateSandbox(ctx, newSandbox("sb1", "t1", "running")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordProcess(ctx, Process{SandboxID: "nope", PID: 1}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("process of missing sandbox: got %v", err)
+	}
+	if err := s.RecordProcess(ctx, Process{SandboxID: "sb1", PID: 7, Cmd: []string{"sleep", "1"}, Tag: "bg", Background: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordProcess(ctx, Process{SandboxID: "sb1", PID: 8, Cmd: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FinishProcess(ctx, "sb1", 7, 3, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FinishProcess(ctx, "sb1", 7, 3, time.Time{}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("finish twice: got %v", err)
+	}
+	// PID reuse: a new record for 7.
+	if err := s.RecordProcess(ctx, Process{SandboxID: "sb1", PID: 7, Cmd: []string{"ls"}}); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := s.ListProcesses(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 3 {
+		t.Fatalf("ListProcesses = %+v", ps)
+	}
+	p := ps[0]
+	if p.PID != 7 || strings.Join(p.Cmd, " ") != "sleep 1" || p.Tag != "bg" || !p.Background ||
+		p.ExitCode == nil || *p.ExitCode != 3 || p.ExitedAt == nil || p.StartedAt.IsZero() {
+		t.Fatalf("process 7 = %+v", p)
+	}
+	if ps[1].ExitCode != nil || ps[1].ExitedAt != nil || ps[2].ExitCode != nil {
+		t.Fatalf("running processes have exits: %+v", ps[1:])
+	}
+	// Deleting the sandbox deletes its processes.
+	if err := s.DeleteSandbox(ctx, "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandbox(ctx, newSandbox("sb1", "t1", "running")); err != nil {
+		t.Fatal(err)
+	}
+	if ps, _ := s.ListProcesses(ctx, "sb1"); len(ps) != 0 {
+		t.Fatalf("processes survived their sandbox: %+v", ps)
+	}
+}
+
+func TestPersistenceAndMigrations(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "space.db")
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandbox(ctx, newSandbox("sb1", "t1", "running")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordProcess(ctx, Process{SandboxID: "sb1", PID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	v1, err := s.SchemaVersion(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v1 != len(migrations) {
+		t.Fatalf("schema version %d, want %d", v1, len(migrations))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	for range 2 { // reopening twice applies nothing again
+		s = openTest(t, path)
+		got, err := s.GetSandbox(ctx, "sb1")
+		if err != nil || got.State != "running" {
+			t.Fatalf("after reopen: %+v, %v", got, err)
+		}
+		if v, _ := s.SchemaVersion(ctx); v != v1 {
+			t.Fatalf("schema version after reopen %d, want %d", v, v1)
+		}
+		var rows int
+		if err := s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_version`).Scan(&rows); err != nil || rows != len(migrations) {
+			t.Fatalf("schema_version rows %d (%v), want %d", rows, err, len(migrations))
+		}
+		// Foreign keys still on after reopen.
+		if err := s.RecordProcess(ctx, Process{SandboxID: "nope", PID: 1}); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("foreign keys off after reopen: %v", err)
+		}
+		s.Close()
+	}
+}
+
+// Two Stores on one file (as two processes would be) and 20 goroutines
+// writing at once: no SQLITE_BUSY.
+func TestConcurrentWriters(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "space.db")
+	stores := []*Store{openTest(t, path), openTest(t, path)}
+	const writers, each = 20, 15
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			s := stores[w%len(stores)]
+			for i := range each {
+				id := fmt.Sprintf("sb-%d-%d", w, i)
+				if err := s.CreateSandbox(ctx, newSandbox(id, fmt.Sprintf("t%d", w%3), "running")); err != nil {
+					t.Errorf("create %s: %v", id, err)
+					return
+				}
+				if err := s.UpdateSandboxState(ctx, id, []string{"running"}, "paused", ""); err != nil {
+					t.Errorf("update %s: %v", id, err)
+					return
+				}
+				if err := s.RecordProcess(ctx, Process{SandboxID: id, PID: i}); err != nil {
+					t.Errorf("process %s: %v", id, err)
+					return
+				}
+				if _, _, err := s.ListSandboxes(ctx, SandboxFilter{Team: "t1", Limit: 5}); err != nil {
+					t.Errorf("list: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got, _, err := stores[0].ListSandboxes(ctx, SandboxFilter{States: []string{"paused"}, Limit: MaxListLimit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != writers*each {
+		t.Fatalf("%d paused sandboxes, want %d", len(got), writers*each)
+	}
+}

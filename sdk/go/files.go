@@ -1,0 +1,138 @@
+package space
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// File types in FileInfo.Type.
+const (
+	FileTypeFile    = "file"
+	FileTypeDir     = "dir"
+	FileTypeSymlink = "symlink"
+	FileTypeOther   = "other"
+)
+
+// FileInfo describes a file in a sandbox.
+type FileInfo struct {
+	Name   string    `json:"name"`
+	Path   string    `json:"path"` // absolute
+	Type   string    `json:"type"` // FileTypeFile, FileTypeDir, FileTypeSymlink or FileTypeOther
+	Size   int64     `json:"size"`
+	Mode   uint32    `json:"mode"` // permission bits, e.g. 0o644
+	Owner  string    `json:"owner,omitempty"`
+	MTime  time.Time `json:"mtime"`
+	Target string    `json:"target,omitempty"` // a symlink's target
+}
+
+// IsDir reports whether the entry is a directory.
+func (f FileInfo) IsDir() bool { return f.Type == FileTypeDir }
+
+func filesPath(id, op string) string {
+	p := "/v1/sandboxes/" + seg(id) + "/files"
+	if op != "" {
+		p += "/" + op
+	}
+	return p
+}
+
+// WriteFile creates or replaces the file at path (absolute, in the sandbox)
+// with the contents of r, creating parent directories. The body is streamed as
+// it is read, never buffered whole; when r is an *os.File, a
+// *bytes.Reader or similar the length is sent too.
+func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader) (*FileInfo, error) {
+	if r == nil {
+		r = http.NoBody
+	}
+	var fi FileInfo
+	err := c.do(ctx, request{
+		method: http.MethodPut,
+		path:   filesPath(id, ""),
+		query:  url.Values{"path": {path}},
+		body:   r,
+		ctype:  "application/octet-stream",
+	}, &fi)
+	if err != nil {
+		return nil, err
+	}
+	return &fi, nil
+}
+
+// ReadFile opens the file at path for reading. The caller must close it. The
+// returned reader streams from the server; errors mid-way surface from Read.
+func (c *Client) ReadFile(ctx context.Context, id, path string) (io.ReadCloser, error) {
+	resp, err := c.send(ctx, request{
+		method: http.MethodGet,
+		path:   filesPath(id, ""),
+		query:  url.Values{"path": {path}},
+		header: http.Header{"Accept": {"application/octet-stream"}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// Remove deletes the file or empty directory at path; with recursive it
+// deletes a directory and its contents.
+func (c *Client) Remove(ctx context.Context, id, path string, recursive bool) error {
+	q := url.Values{"path": {path}}
+	if recursive {
+		q.Set("recursive", "true")
+	}
+	return c.do(ctx, request{method: http.MethodDelete, path: filesPath(id, ""), query: q}, nil)
+}
+
+// Stat describes the file at path without following a final symlink.
+func (c *Client) Stat(ctx context.Context, id, path string) (*FileInfo, error) {
+	var fi FileInfo
+	if err := c.do(ctx, request{method: http.MethodGet, path: filesPath(id, "stat"), query: url.Values{"path": {path}}}, &fi); err != nil {
+		return nil, err
+	}
+	return &fi, nil
+}
+
+// ListFiles lists the directory at path, descending depth levels (depth <= 0
+// means the server's default, 1).
+func (c *Client) ListFiles(ctx context.Context, id, path string, depth int) ([]FileInfo, error) {
+	q := url.Values{"path": {path}}
+	if depth > 0 {
+		q.Set("depth", strconv.Itoa(depth))
+	}
+	var out struct {
+		Entries []FileInfo `json:"entries"`
+	}
+	if err := c.do(ctx, request{method: http.MethodGet, path: filesPath(id, "list"), query: q}, &out); err != nil {
+		return nil, err
+	}
+	return out.Entries, nil
+}
+
+// Mkdir creates the directory at path and any missing parents.
+func (c *Client) Mkdir(ctx context.Context, id, path string) (*FileInfo, error) {
+	var fi FileInfo
+	body := struct {
+		Path string `json:"path"`
+	}{path}
+	if err := c.do(ctx, request{method: http.MethodPost, path: filesPath(id, "mkdir"), json: body}, &fi); err != nil {
+		return nil, err
+	}
+	return &fi, nil
+}
+
+// Move renames from to to, and describes the result.
+func (c *Client) Move(ctx context.Context, id, from, to string) (*FileInfo, error) {
+	var fi FileInfo
+	body := struct {
+		From string `json:"from"`
+		To   string `json:"to"`
+	}{from, to}
+	if err := c.do(ctx, request{method: http.MethodPost, path: filesPath(id, "move"), json: body}, &fi); err != nil {
+		return nil, err
+	}
+	return &fi, nil
+}

@@ -1,0 +1,154 @@
+package space
+
+import (
+	"context"
+	"iter"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"time"
+)
+
+// State is a sandbox's lifecycle state.
+type State string
+
+// Sandbox states.
+const (
+	StateCreating State = "creating"
+	StateRunning  State = "running"
+	StatePaused   State = "paused"
+	StateStopping State = "stopping"
+	StateStopped  State = "stopped"
+	StateError    State = "error"
+)
+
+// Sandbox is a sandbox as the server reports it.
+type Sandbox struct {
+	ID        string            `json:"id"`
+	State     State             `json:"state"`
+	Reason    string            `json:"reason,omitempty"` // why it is stopped or in error
+	Template  string            `json:"template"`
+	Driver    string            `json:"driver"`
+	CPU       int               `json:"cpu"`
+	MemoryMB  int               `json:"memory_mb"`
+	TimeoutS  int               `json:"timeout_s"`
+	Metadata  map[string]string `json:"metadata"`
+	CreatedAt time.Time         `json:"created_at"`
+	ExpiresAt time.Time         `json:"expires_at"`
+	StoppedAt *time.Time        `json:"stopped_at,omitempty"`
+}
+
+// CreateSandboxRequest is the body of POST /v1/sandboxes. Zero fields take the
+// server's defaults.
+type CreateSandboxRequest struct {
+	Template  string            `json:"template,omitempty"`   // default "base"
+	TimeoutS  int               `json:"timeout_s,omitempty"`  // seconds until the sandbox is killed
+	OnTimeout string            `json:"on_timeout,omitempty"` // "kill"
+	Env       map[string]string `json:"env,omitempty"`        // environment of every process
+	Metadata  map[string]string `json:"metadata,omitempty"`   // free-form labels, filterable in lists
+	CPU       int               `json:"cpu,omitempty"`
+	MemoryMB  int               `json:"memory_mb,omitempty"`
+}
+
+// CreateSandbox creates and starts a sandbox. It returns when the sandbox is
+// running (or has failed to start).
+func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
+	var sb Sandbox
+	if err := c.do(ctx, request{method: http.MethodPost, path: "/v1/sandboxes", json: req}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
+// GetSandbox returns one sandbox; IsNotFound(err) when it does not exist.
+func (c *Client) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var sb Sandbox
+	if err := c.do(ctx, request{method: http.MethodGet, path: "/v1/sandboxes/" + seg(id)}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
+// KillSandbox destroys a sandbox and everything in it.
+func (c *Client) KillSandbox(ctx context.Context, id string) error {
+	return c.do(ctx, request{method: http.MethodDelete, path: "/v1/sandboxes/" + seg(id)}, nil)
+}
+
+// SetTimeout resets a sandbox's timeout: it now expires timeoutS seconds from
+// now.
+func (c *Client) SetTimeout(ctx context.Context, id string, timeoutS int) (*Sandbox, error) {
+	var sb Sandbox
+	body := struct {
+		TimeoutS int `json:"timeout_s"`
+	}{timeoutS}
+	if err := c.do(ctx, request{method: http.MethodPost, path: "/v1/sandboxes/" + seg(id) + "/timeout", json: body}, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
+
+// ListOptions filters and pages GET /v1/sandboxes.
+type ListOptions struct {
+	State    []State           // any of these states; empty means all
+	Metadata map[string]string // every pair must match
+	Limit    int               // page size; 0 means the server's default
+	Cursor   string            // NextCursor of the previous page
+}
+
+// SandboxList is one page of sandboxes.
+type SandboxList struct {
+	Sandboxes  []Sandbox `json:"sandboxes"`
+	NextCursor string    `json:"next_cursor,omitempty"` // empty on the last page
+}
+
+// ListSandboxes returns one page of sandboxes. Pass the page's NextCursor in
+// opts.Cursor to get the next one, or use AllSandboxes.
+func (c *Client) ListSandboxes(ctx context.Context, opts ListOptions) (*SandboxList, error) {
+	q := url.Values{}
+	for _, s := range opts.State {
+		q.Add("state", string(s))
+	}
+	keys := make([]string, 0, len(opts.Metadata))
+	for k := range opts.Metadata {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		q.Add("metadata", k+"="+opts.Metadata[k])
+	}
+	if opts.Limit > 0 {
+		q.Set("limit", strconv.Itoa(opts.Limit))
+	}
+	if opts.Cursor != "" {
+		q.Set("cursor", opts.Cursor)
+	}
+	var out SandboxList
+	if err := c.do(ctx, request{method: http.MethodGet, path: "/v1/sandboxes", query: q}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// AllSandboxes iterates over every sandbox matching opts, following cursors
+// page by page. Iteration stops after the first error, which is yielded.
+func (c *Client) AllSandboxes(ctx context.Context, opts ListOptions) iter.Seq2[Sandbox, error] {
+	return func(yield func(Sandbox, error) bool) {
+		for {
+			page, err := c.ListSandboxes(ctx, opts)
+			if err != nil {
+				yield(Sandbox{}, err)
+				return
+			}
+			for _, sb := range page.Sandboxes {
+				if !yield(sb, nil) {
+					return
+				}
+			}
+			if page.NextCursor == "" || page.NextCursor == opts.Cursor {
+				return
+			}
+			opts.Cursor = page.NextCursor
+		}
+	}
+}

@@ -1,0 +1,82 @@
+package space
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+)
+
+// Template is a root filesystem sandboxes are created from.
+type Template struct {
+	Name        string    `json:"name"`
+	Digest      string    `json:"digest"`
+	Kind        string    `json:"kind"`
+	SizeBytes   int64     `json:"size_bytes"`
+	Status      string    `json:"status"`
+	BuiltAt     time.Time `json:"built_at"` // zero when never built
+	Description string    `json:"description"`
+}
+
+// Templates lists the server's templates.
+func (c *Client) Templates(ctx context.Context) ([]Template, error) {
+	var out struct {
+		Templates []Template `json:"templates"`
+	}
+	if err := c.do(ctx, request{method: http.MethodGet, path: "/v1/templates"}, &out); err != nil {
+		return nil, err
+	}
+	return out.Templates, nil
+}
+
+// BuildTemplate (admin) builds or rebuilds a template, calling progress (when
+// non-nil) with each line of build output, and returns the built template. A
+// failed build returns the server's *APIError.
+func (c *Client) BuildTemplate(ctx context.Context, name string, progress func(line string)) (*Template, error) {
+	resp, err := c.send(ctx, request{
+		method: http.MethodPost,
+		path:   "/v1/templates/" + seg(name) + "/build",
+		header: http.Header{"Accept": {"text/event-stream"}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	sse := newSSEReader(resp.Body)
+	for {
+		ev, err := sse.Next()
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("space: template build stream ended without a result: %w", io.ErrUnexpectedEOF)
+		}
+		if err != nil {
+			return nil, err
+		}
+		switch ev.Event {
+		case "progress":
+			var d struct {
+				Line string `json:"line"`
+			}
+			if err := json.Unmarshal([]byte(ev.Data), &d); err != nil {
+				return nil, fmt.Errorf("space: decode progress event: %w", err)
+			}
+			if progress != nil {
+				progress(d.Line)
+			}
+		case "done":
+			var t Template
+			if err := json.Unmarshal([]byte(ev.Data), &t); err != nil {
+				return nil, fmt.Errorf("space: decode done event: %w", err)
+			}
+			return &t, nil
+		case "error":
+			e := &APIError{}
+			if json.Unmarshal([]byte(ev.Data), e) != nil || e.Code == "" {
+				e = &APIError{Status: 500, Code: CodeInternal, Message: ev.Data}
+			}
+			return nil, e
+		}
+	}
+}
