@@ -46,6 +46,7 @@ func (k *keepAlive) TempDir() string {
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if shared != nil {
+		shared.t = &quietT{}
 		shared.stop(true)
 		os.RemoveAll(shared.data)
 	}
@@ -58,7 +59,7 @@ func TestHealthMetricsOpenAPI(t *testing.T) {
 	if code := s.do("GET", "/healthz", "", nil, &h); code != 200 || h["status"] != "ok" {
 		t.Fatalf("healthz: %d %v", code, h)
 	}
-	s.create(nil)
+	s.sh(s.create(nil), "true")
 	resp, err := http.Get(s.url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -192,10 +193,11 @@ func TestExecJSONAndShell(t *testing.T) {
 	if r4.ExitCode == 0 || r4.Error != "timeout" {
 		t.Errorf("timeout: %+v", r4)
 	}
-	var r5 execResult
-	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"no-such-program"}}, &r5)
-	if r5.ExitCode == 0 {
-		t.Errorf("missing program: %+v", r5)
+	// A program that does not exist is a clear client error, not a
+	// process that ran.
+	var e5 apiError
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"no-such-program"}}, &e5); code != 404 || !strings.Contains(e5.Message, "no-such-program") {
+		t.Errorf("missing program: %d %+v", code, e5)
 	}
 	// ls -l needs a working statx (broken in Debian's old runsc).
 	if r := s.sh(id, "ls -l / >/dev/null && echo ok"); r.Stdout != "ok\n" {
@@ -282,18 +284,18 @@ func TestBackgroundReattachStdinSignal(t *testing.T) {
 		t.Errorf("background process %d not listed: %+v", bg.PID, ps)
 	}
 	// Re-attach from the start, collect all ids.
-	events := func(hdr map[string]string) []sseEvent {
+	eventsOf := func(pid int, hdr map[string]string) []sseEvent {
 		var out []sseEvent
-		resp := s.stream("GET", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/events", id, bg.PID), nil, hdr)
+		resp := s.stream("GET", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/events", id, pid), nil, hdr)
 		readSSE(t, resp.Body, func(e sseEvent) bool { out = append(out, e); return true })
 		return out
 	}
-	all := events(nil)
+	all := eventsOf(bg.PID, nil)
 	if len(all) < 7 || all[0].Event != "start" || all[len(all)-1].Event != "exit" {
 		t.Fatalf("full replay: %+v", all)
 	}
 	// Replay after the third event: exactly the rest.
-	rest := events(map[string]string{"Last-Event-ID": all[2].ID})
+	rest := eventsOf(bg.PID, map[string]string{"Last-Event-ID": all[2].ID})
 	if len(rest) != len(all)-3 || rest[0].ID != all[3].ID {
 		t.Fatalf("replay from Last-Event-ID %s: got %d events starting %+v; want %d from id %s", all[2].ID, len(rest), rest[0], len(all)-3, all[3].ID)
 	}
@@ -309,14 +311,13 @@ func TestBackgroundReattachStdinSignal(t *testing.T) {
 	}
 	resp.Body.Close()
 	out := ""
-	for _, e := range events(nil) {
+	for _, e := range eventsOf(cat.PID, nil) {
 		if e.Event == "stdout" {
 			var d struct{ Data string }
 			json.Unmarshal([]byte(e.Data), &d)
 			out += d.Data
 		}
 	}
-	_ = cat
 	if out != "typed input" {
 		t.Errorf("cat echoed %q", out)
 	}

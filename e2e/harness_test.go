@@ -163,7 +163,7 @@ func (s *server) stop(cleanup bool) {
 		<-done
 	}
 	s.cmd = nil
-	if s.t.Failed() {
+	if s.t != nil && s.t.Failed() {
 		s.t.Logf("server log:\n%s", tail(s.logText(), 8000))
 	}
 }
@@ -343,3 +343,13 @@ func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// quietT stands in for a test when the shared server stops after all tests.
+type quietT struct{ testing.TB }
+
+func (quietT) Helper()               {}
+func (quietT) Failed() bool          { return false }
+func (quietT) Logf(string, ...any)   {}
+func (quietT) Fatalf(string, ...any) {}
+func (quietT) Fatal(...any)          {}
+func (quietT) Cleanup(func())        {}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,8 +22,9 @@ func runscProcs(data string) []int {
 		if err != nil {
 			continue
 		}
+		argv0, _, _ := strings.Cut(string(b), "\x00")
 		cl := strings.ReplaceAll(string(b), "\x00", " ")
-		if strings.Contains(cl, "runsc") && strings.Contains(cl, data) {
+		if strings.HasPrefix(filepath.Base(argv0), "runsc") && strings.Contains(cl, data) {
 			out = append(out, pid)
 		}
 	}

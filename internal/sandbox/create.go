@@ -166,7 +166,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	}
 	inst, err := d.Create(ctx, spec)
 	if err != nil {
-		return rollback(fmt.Errorf("create sandbox: %w", err))
+		return rollback(fmt.Errorf("create sandbox: %v: %w", err, errdefs.ErrUnavailable))
 	}
 	cleanup = append(cleanup, func() {
 		if err := inst.Destroy(context.WithoutCancel(ctx)); err != nil {
@@ -178,12 +178,14 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		return rollback(err)
 	}
 	if err := inst.Start(ctx); err != nil {
-		return rollback(fmt.Errorf("start sandbox: %w", err))
+		return rollback(fmt.Errorf("start sandbox: %v: %w", err, errdefs.ErrUnavailable))
 	}
 	agent := agentclient.New(inst.DialAgent, log)
 	cleanup = append(cleanup, func() { agent.Close() })
-	if err := agent.Init(ctx, agentproto.InitRequest{SandboxID: sb.ID, Hostname: spec.Hostname, Env: sb.Env}); err != nil {
-		return rollback(fmt.Errorf("sandbox agent did not come up: %w", err))
+	// The hostname is the driver's business (set in the spec); Init
+	// carries the identity the agent hands to every process.
+	if err := agent.Init(ctx, agentproto.InitRequest{SandboxID: sb.ID, Env: sb.Env}); err != nil {
+		return rollback(fmt.Errorf("sandbox agent did not come up: %v: %w", err, errdefs.ErrUnavailable))
 	}
 	l := &live{inst: inst, agent: agent}
 	s.mu.Lock()
@@ -219,6 +221,6 @@ func (s *Service) watch(id string, l *live) {
 			return // destroyed or replaced through the service
 		}
 		s.log.Warn("sandbox stopped on its own", "sandbox", id, "reason", st.Reason)
-		_ = s.destroy(context.Background(), id, l, "exited: "+st.Reason)
+		_ = s.destroy(context.Background(), id, l, st.Reason)
 	}()
 }

@@ -406,6 +406,9 @@ func (i *Instance) Wait(ctx context.Context) (driver.ExitStatus, error) {
 			if destroyed {
 				return driver.ExitStatus{Reason: "destroyed"}, nil
 			}
+			if i.oomKilled() {
+				return driver.ExitStatus{Reason: "oom"}, nil
+			}
 			return driver.ExitStatus{Reason: "exited"}, nil
 		}
 		if ctx.Err() != nil {
@@ -435,6 +438,27 @@ func (i *Instance) Detach() {
 		}
 		return
 	}
+}
+
+// oomKilled reports whether the sandbox's memory cgroup recorded an OOM
+// kill (cgroup v1 memory.oom_control or v2 memory.events).
+func (i *Instance) oomKilled() bool {
+	for _, f := range []string{
+		filepath.Join("/sys/fs/cgroup/memory/space", i.id, "memory.oom_control"),
+		filepath.Join("/sys/fs/cgroup/space", i.id, "memory.events"),
+	} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			var n int
+			if _, err := fmt.Sscanf(line, "oom_kill %d", &n); err == nil && n > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Destroy implements driver.Instance.
