@@ -12,7 +12,7 @@ DATA   ?= /var/lib/space
 LISTEN ?= 127.0.0.1:7070
 RUNSC  := $(CACHE)/runsc-$(RUNSC_VERSION)/runsc
 APT_PACKAGES := mmdebstrap ca-certificates
-GOTEST_FLAGS ?= -timeout 45m
+GOTEST_FLAGS ?= -count=1 -timeout 45m
 
 .PHONY: all deps runsc build run test test-unit bench clean
 

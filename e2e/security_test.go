@@ -309,8 +309,11 @@ func TestRestartRecovers(t *testing.T) {
 	if !alive {
 		t.Errorf("background process %d not running after restart: %+v", bg.PID, ps)
 	}
-	s.do("GET", "/v1/sandboxes/"+gone, s.key, nil, &sb)
-	if sb.State != "stopped" || sb.Reason == "" {
+	waitFor(t, "the dead sandbox to be marked stopped", 20*time.Second, func() bool {
+		s.do("GET", "/v1/sandboxes/"+gone, s.key, nil, &sb)
+		return sb.State == "stopped"
+	})
+	if !strings.Contains(sb.Reason, "lost") {
 		t.Errorf("sandbox that died while the server was down: %+v", sb)
 	}
 	// Kill everything: no runsc process of this data dir may remain.

@@ -115,6 +115,12 @@ func (a *app) streamExec(ctx context.Context, c *space.Client, id string, req sp
 
 	s, err := c.ExecStream(ctx, id, req)
 	if err != nil {
+		var ae *space.APIError
+		if errors.As(err, &ae) && ae.Code == space.CodeNotFound && strings.Contains(ae.Message, "executable file not found") {
+			// The shell convention for "command not found".
+			fmt.Fprintln(a.stderr, "space:", ae.Message)
+			return exitCode(127)
+		}
 		return err
 	}
 	defer s.Close()

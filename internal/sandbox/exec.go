@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"errors"
 	"context"
 	"io"
 
@@ -91,13 +92,46 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 	return pid, nil
 }
 
+// EventStream is a process's event stream.
+type EventStream interface {
+	// Next returns the next event, io.EOF after the last.
+	Next() (agentproto.Event, error)
+	Close() error
+}
+
 // Events streams a process's events from seq from (1 = the beginning).
-func (s *Service) Events(ctx context.Context, c Caller, id string, pid int, from uint64, follow bool) (*agentclient.EventStream, error) {
+// The exit, when the stream sees it, is recorded in the store.
+func (s *Service) Events(ctx context.Context, c Caller, id string, pid int, from uint64, follow bool) (EventStream, error) {
 	_, l, err := s.liveOf(ctx, c, id, StateRunning)
 	if err != nil {
 		return nil, err
 	}
-	return l.agent.Events(ctx, pid, from, follow)
+	ev, err := l.agent.Events(ctx, pid, from, follow)
+	if err != nil {
+		return nil, err
+	}
+	return &recordingStream{EventStream: ev, s: s, id: id, pid: pid}, nil
+}
+
+type recordingStream struct {
+	EventStream
+	s   *Service
+	id  string
+	pid int
+}
+
+func (r *recordingStream) Next() (agentproto.Event, error) {
+	e, err := r.EventStream.Next()
+	if err == nil && e.Type == agentproto.EventExit {
+		code := -1
+		if e.ExitCode != nil {
+			code = *e.ExitCode
+		}
+		if err := r.s.store.FinishProcess(context.Background(), r.id, r.pid, code, e.Time.UTC()); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			r.s.log.Warn("record process exit", "sandbox", r.id, "pid", r.pid, "err", err)
+		}
+	}
+	return e, err
 }
 
 // Processes lists the processes started in the sandbox.

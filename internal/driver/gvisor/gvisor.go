@@ -193,6 +193,9 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	inst := d.newInstance(h.ID, hd.StateDir)
 	inst.created = true
 	st, err := inst.state(ctx)
+	if err == nil && st.Pid > 0 && !alive(st.Pid) {
+		st.Status = "stopped" // runsc's state file outlived the sandbox process
+	}
 	if err != nil || (st.Status != "running" && st.Status != "paused" && st.Status != "created") {
 		_ = inst.Destroy(context.WithoutCancel(ctx))
 		if err == nil {
@@ -480,6 +483,20 @@ func (i *Instance) Destroy(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// alive reports whether pid is a live process (not gone, not a zombie).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command name.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 // tailFile returns the last n bytes of a file, for error messages.

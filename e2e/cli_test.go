@@ -1,0 +1,94 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCLI runs the README's walkthrough with the real `space` binary
+// against a real server.
+func TestCLI(t *testing.T) {
+	s := sharedServer(t)
+	run := func(stdin string, args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.Command(spaceBin(t), args...)
+		cmd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+s.key)
+		cmd.Stdin = strings.NewReader(stdin)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("space %v: %v", args, err)
+		}
+		return out.String(), errb.String(), code
+	}
+	out, errOut, code := run("", "create")
+	id := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(id, "sb-") {
+		t.Fatalf("create: %d %q %q", code, out, errOut)
+	}
+	out, _, code = run("", "exec", id, "--", "python3", "-c", "print(sum(range(10)))")
+	if code != 0 || out != "45\n" {
+		t.Errorf("exec: %d %q", code, out)
+	}
+	_, _, code = run("", "exec", id, "--", "sh", "-c", "exit 9")
+	if code != 9 {
+		t.Errorf("exit code: %d", code)
+	}
+	_, errOut, code = run("", "exec", id, "--", "no-such-program")
+	if code != 127 || !strings.Contains(errOut, "no-such-program") {
+		t.Errorf("missing program: %d %q", code, errOut)
+	}
+	dir := t.TempDir()
+	local := filepath.Join(dir, "data.csv")
+	os.WriteFile(local, []byte("a,b\n1,2\n"), 0o644)
+	if _, errOut, code = run("", "cp", local, id+":/home/user/data.csv"); code != 0 {
+		t.Fatalf("cp up: %d %s", code, errOut)
+	}
+	run("", "exec", id, "--", "sh", "-c", "tr a-z A-Z < data.csv > out.csv")
+	if _, errOut, code = run("", "cp", id+":/home/user/out.csv", dir); code != 0 {
+		t.Fatalf("cp down: %d %s", code, errOut)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "out.csv")); string(b) != "A,B\n1,2\n" {
+		t.Errorf("downloaded %q", b)
+	}
+	out, _, _ = run("", "ls", id+":/home/user")
+	if !strings.Contains(out, "data.csv") || !strings.Contains(out, "out.csv") {
+		t.Errorf("ls: %q", out)
+	}
+	out, _, code = run("", "exec", id, "--background", "--", "sh", "-c", "echo started; sleep 0.3; echo done")
+	pid := strings.TrimSpace(out)
+	if code != 0 || pid == "" {
+		t.Fatalf("background: %d %q", code, out)
+	}
+	out, _, _ = run("", "ps", id)
+	if !strings.Contains(out, pid) {
+		t.Errorf("ps lacks %s: %q", pid, out)
+	}
+	out, _, code = run("", "logs", id, pid, "--follow")
+	if code != 0 || out != "started\ndone\n" {
+		t.Errorf("logs --follow: %d %q", code, out)
+	}
+	out, _, _ = run("", "list")
+	if !strings.Contains(out, id) {
+		t.Errorf("list lacks %s: %q", id, out)
+	}
+	if _, errOut, code = run("", "kill", id); code != 0 {
+		t.Errorf("kill: %d %s", code, errOut)
+	}
+	out, _, _ = run("", "list")
+	if strings.Contains(out, id) {
+		t.Errorf("killed sandbox still listed: %q", out)
+	}
+	out, _, _ = run("", "template", "list")
+	if !strings.Contains(out, "base") {
+		t.Errorf("template list: %q", out)
+	}
+}
