@@ -291,7 +291,7 @@ func (r *rawRunsc) bundle(id string, args []string) (string, error) {
 }
 
 func (r *rawRunsc) flags(dir string) []string {
-	return []string{"--root", r.root, "--network=none", "--overlay2=root:dir=" + filepath.Join(dir, "upper")}
+	return []string{"--root", r.root, "--network=none", "--gofer-network-namespace=new", "--host-uds=open", "--overlay2=root:dir=" + filepath.Join(dir, "upper")}
 }
 
 // runEcho times `runsc create` + `runsc start` of echo until its output arrives.
@@ -316,8 +316,17 @@ func (r *rawRunsc) startSleeper(id string) error {
 	if err != nil {
 		return err
 	}
-	if out, err := exec.Command(r.runsc, append(r.flags(dir), "run", "--detach", "--bundle", dir, id)...).CombinedOutput(); err != nil {
-		return fmt.Errorf("runsc run --detach: %v: %s", err, out)
+	// The detached sandbox keeps runsc's stdio: give it a file, not a pipe.
+	logf, err := os.Create(filepath.Join(dir, "console.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(r.runsc, append(r.flags(dir), "run", "--detach", "--bundle", dir, id)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		b, _ := os.ReadFile(logf.Name())
+		return fmt.Errorf("runsc run --detach: %v: %s", err, b)
 	}
 	return nil
 }
@@ -353,6 +362,9 @@ func (b *bench) report() string {
 	fmt.Fprintf(&w, "# Performance\n\n")
 	fmt.Fprintf(&w, "Measured %s on %s (%d cores, %s, %s/%s), driver gvisor (runsc %s, systrap).\n",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH, gvisor.PinnedVersion)
+	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
+		fmt.Fprintf(&w, "Load average when the report was written: %s (numbers from a busy 2-core machine are noisy; compare the ratios).\n", strings.Join(strings.Fields(string(la))[:3], " "))
+	}
 	fmt.Fprintf(&w, "Reproduce with `make bench` (runs `go run ./cmd/space-bench -out docs/PERF.md`).\n")
 	fmt.Fprintf(&w, "All times in milliseconds; space is measured through its HTTP API (client → server → agent and back),\n")
 	fmt.Fprintf(&w, "the raw runtime by invoking runsc directly with the same rootfs and flags, in the same run.\n\n")

@@ -15,6 +15,7 @@ package driver
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 )
 
@@ -99,10 +100,11 @@ type Handle struct {
 
 // Capability names.
 const (
-	CapPause      = "pause"      // Pause/Resume
-	CapCheckpoint = "checkpoint" // Checkpointer
-	CapRestore    = "restore"    // Restorer
-	CapFork       = "fork"       // checkpoint + many restores of one image
+	CapPause         = "pause"          // Pause/Resume
+	CapCheckpoint    = "checkpoint"     // Checkpointer
+	CapRestore       = "restore"        // Restorer
+	CapFork          = "fork"           // checkpoint + many restores of one image
+	CapFilesSnapshot = "files_snapshot" // UpperExporter: the writable layer without stopping
 )
 
 // Capabilities describes a driver on this host.
@@ -137,6 +139,13 @@ type Checkpointer interface {
 	// Checkpoint writes the instance's state under dir. When leaveRunning
 	// is false the instance is stopped afterwards.
 	Checkpoint(ctx context.Context, dir string, leaveRunning bool) error
+}
+
+// UpperExporter is implemented by instances that can export their writable
+// layer (changes against the template; deletions as overlay whiteouts) as a
+// tar stream while running.
+type UpperExporter interface {
+	ExportUpper(ctx context.Context, w io.Writer) error
 }
 
 // Restorer is implemented by drivers that can start a new instance from a

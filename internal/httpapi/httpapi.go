@@ -74,6 +74,8 @@ func New(cfg Config) *API {
 	auth("GET /v1/sandboxes/{id}", a.getSandbox)
 	auth("DELETE /v1/sandboxes/{id}", a.killSandbox)
 	auth("POST /v1/sandboxes/{id}/timeout", a.setTimeout)
+	auth("POST /v1/sandboxes/{id}/pause", a.pause)
+	auth("POST /v1/sandboxes/{id}/resume", a.resume)
 	auth("POST /v1/sandboxes/{id}/exec", a.exec)
 	auth("GET /v1/sandboxes/{id}/processes", a.processes)
 	auth("GET /v1/sandboxes/{id}/processes/{pid}/events", a.events)

@@ -130,3 +130,21 @@ func (a *API) setTimeout(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	}
 	writeJSON(w, http.StatusOK, viewSandbox(sb))
 }
+
+func (a *API) pause(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	sb, err := a.svc.Pause(r.Context(), c, r.PathValue("id"))
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewSandbox(sb))
+}
+
+func (a *API) resume(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	sb, err := a.svc.Resume(r.Context(), c, r.PathValue("id"))
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewSandbox(sb))
+}

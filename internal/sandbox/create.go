@@ -55,9 +55,9 @@ func (s *Service) validateCreate(r *CreateRequest) error {
 	switch r.OnTimeout {
 	case "":
 		r.OnTimeout = "kill"
-	case "kill":
+	case "kill", "pause":
 	default:
-		return errdefs.InvalidArgument("on_timeout: %q is not supported (kill)", r.OnTimeout)
+		return errdefs.InvalidArgument("on_timeout: must be kill or pause, got %q", r.OnTimeout)
 	}
 	if r.CPU < 0 || r.CPU > s.cfg.MaxCPU {
 		return errdefs.InvalidArgument("cpu: must be between 1 and %d", s.cfg.MaxCPU)

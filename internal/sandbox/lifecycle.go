@@ -151,6 +151,21 @@ func (s *Service) ReapOnce(ctx context.Context) {
 		s.mu.Lock()
 		l := s.live[sb.ID]
 		s.mu.Unlock()
+		if sb.OnTimeout == "pause" && sb.State == StateRunning {
+			// A long session: park it instead of losing it. The expiry is
+			// cleared; Resume starts a new timeout period.
+			s.log.Info("sandbox timed out; pausing", "sandbox", sb.ID)
+			if _, err := s.Pause(ctx, Caller{Admin: true}, sb.ID); err != nil {
+				s.log.Error("reaper: pause", "sandbox", sb.ID, "err", err)
+				continue
+			}
+			_ = s.store.SetSandboxExpiry(ctx, sb.ID, time.Time{})
+			continue
+		}
+		if sb.OnTimeout == "pause" && sb.State == StatePaused {
+			_ = s.store.SetSandboxExpiry(ctx, sb.ID, time.Time{})
+			continue
+		}
 		s.log.Info("sandbox timed out", "sandbox", sb.ID)
 		if err := s.destroy(ctx, sb.ID, l, "timeout"); err != nil {
 			s.log.Error("reaper: destroy", "sandbox", sb.ID, "err", err)

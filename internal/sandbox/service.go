@@ -6,6 +6,7 @@
 package sandbox
 
 import (
+	"errors"
 	"context"
 	"crypto/rand"
 	"encoding/base32"
@@ -67,7 +68,13 @@ type Service struct {
 
 	mu   sync.Mutex
 	live map[string]*live // by sandbox id
+
+	// onPause, when set, runs before a sandbox is frozen (the rolling
+	// history takes its checkpoint there).
+	onPause func(ctx context.Context, sb store.Sandbox)
 }
+
+func isConflict(err error) bool { return errors.Is(err, errdefs.ErrConflict) }
 
 // live is the in-memory half of a sandbox with host resources.
 type live struct {

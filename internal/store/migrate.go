@@ -70,6 +70,28 @@ CREATE TABLE processes (
 );
 CREATE INDEX processes_sandbox ON processes(sandbox_id, pid);
 `,
+	// 2: snapshots. Not tied to the sandbox row by a foreign key: a
+	// snapshot outlives its sandbox (history is kept up to a week).
+	`
+CREATE TABLE snapshots (
+	id              TEXT PRIMARY KEY,
+	sandbox_id      TEXT NOT NULL,
+	team            TEXT NOT NULL,
+	kind            TEXT NOT NULL,
+	name            TEXT NOT NULL DEFAULT '',
+	parent          TEXT NOT NULL DEFAULT '',
+	template        TEXT NOT NULL DEFAULT '',
+	template_digest TEXT NOT NULL DEFAULT '',
+	automatic       INTEGER NOT NULL DEFAULT 0,
+	status          TEXT NOT NULL,
+	error           TEXT NOT NULL DEFAULT '',
+	bytes_new       INTEGER NOT NULL DEFAULT 0,
+	bytes_total     INTEGER NOT NULL DEFAULT 0,
+	created_at      INTEGER NOT NULL
+);
+CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id, created_at);
+CREATE INDEX snapshots_team ON snapshots(team, created_at);
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

@@ -8,9 +8,11 @@
 package drivertest
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -45,6 +47,8 @@ func Run(t *testing.T, s Setup) {
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, s, d) })
 	t.Run("Recover", func(t *testing.T) { testRecover(t, s, d) })
 	t.Run("Wait", func(t *testing.T) { testWait(t, s, d) })
+	t.Run("CheckpointRestore", func(t *testing.T) { testCheckpointRestore(t, s, d) })
+	t.Run("ExportUpper", func(t *testing.T) { testExportUpper(t, s, d) })
 }
 
 // started creates and starts an instance and returns it with an agent
@@ -344,5 +348,138 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 30s")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// testCheckpointRestore checkpoints a running instance (leaving it running)
+// and restores two children from the image: each has the parent's files and
+// running processes with their memory, and all three diverge independently.
+func testCheckpointRestore(t *testing.T, s Setup, d driver.Driver) {
+	r, ok := d.(driver.Restorer)
+	if !ok || !d.Capabilities().Has(driver.CapCheckpoint) {
+		t.Skipf("driver %s lacks checkpoint/restore", d.Name())
+	}
+	inst, c, _ := started(t, s, d)
+	ctx := t.Context()
+	if _, err := c.WriteFile(ctx, "/home/user/state.txt", strings.NewReader("parent"), 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	// A process holding state only in memory: it prints a counter that it
+	// increments on every line of stdin.
+	pid, err := c.Start(ctx, agentproto.StartRequest{Cmd: []string{"python3", "-u", "-c",
+		"import sys\nn=0\nfor line in sys.stdin:\n    n+=1\n    print(n, flush=True)\n"}, Stdin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed := func(c *agentclient.Client) string {
+		if err := c.Stdin(ctx, pid, strings.NewReader("x\n"), false); err != nil {
+			t.Fatalf("stdin: %v", err)
+		}
+		var last string
+		waitFor(t, func() bool {
+			ev, err := c.Events(ctx, pid, 1, false)
+			if err != nil {
+				return false
+			}
+			defer ev.Close()
+			var out string
+			for {
+				e, err := ev.Next()
+				if err != nil {
+					break
+				}
+				out += string(e.Data)
+			}
+			lines := strings.Fields(out)
+			if len(lines) > 0 && lines[len(lines)-1] != last {
+				last = lines[len(lines)-1]
+				return true
+			}
+			return false
+		})
+		return last
+	}
+	if got := feed(c); got != "1" {
+		t.Fatalf("counter before checkpoint = %s", got)
+	}
+	img := filepath.Join(t.TempDir(), "image")
+	if err := inst.(driver.Checkpointer).Checkpoint(ctx, img, true); err != nil {
+		t.Fatalf("Checkpoint: %v", err)
+	}
+	// The parent keeps running and its agent reconnects.
+	if got := feed(c); got != "2" {
+		t.Fatalf("parent counter after checkpoint = %s, want 2", got)
+	}
+	var kids []*agentclient.Client
+	for i := 0; i < 2; i++ {
+		spec := s.Spec(t)
+		child, err := r.Restore(ctx, spec, img)
+		if err != nil {
+			t.Fatalf("Restore #%d: %v", i, err)
+		}
+		t.Cleanup(func() { _ = child.Destroy(context.Background()) })
+		kc := agentclient.New(child.DialAgent, slog.Default())
+		t.Cleanup(func() { kc.Close() })
+		kids = append(kids, kc)
+		// The in-memory counter continues from the checkpoint (1 → 2).
+		if got := feed(kc); got != "2" {
+			t.Fatalf("child %d counter = %s, want 2 (memory restored)", i, got)
+		}
+		out, _ := sh(t, kc, "cat /home/user/state.txt")
+		if out != "parent" {
+			t.Fatalf("child %d file = %q", i, out)
+		}
+	}
+	// Writes diverge.
+	for i, kc := range append(kids, c) {
+		if _, err := kc.WriteFile(ctx, "/home/user/state.txt", strings.NewReader(fmt.Sprintf("copy %d", i)), 0, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, kc := range append(kids, c) {
+		if out, _ := sh(t, kc, "cat /home/user/state.txt"); out != fmt.Sprintf("copy %d", i) {
+			t.Errorf("copy %d sees %q", i, out)
+		}
+	}
+}
+
+// testExportUpper checks the writable layer export: a file written in the
+// sandbox appears in the tar, a template file is absent unless changed.
+func testExportUpper(t *testing.T, s Setup, d driver.Driver) {
+	if !d.Capabilities().Has(driver.CapFilesSnapshot) {
+		t.Skipf("driver %s lacks %s", d.Name(), driver.CapFilesSnapshot)
+	}
+	inst, c, _ := started(t, s, d)
+	ctx := t.Context()
+	if _, err := c.WriteFile(ctx, "/home/user/upper.txt", strings.NewReader("in the upper layer"), 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := Exec2(t, c, "root", "rm /etc/issue"); code != 0 {
+		t.Fatalf("rm: %s", out)
+	}
+	var buf bytes.Buffer
+	if err := inst.(driver.UpperExporter).ExportUpper(ctx, &buf); err != nil {
+		t.Fatalf("ExportUpper: %v", err)
+	}
+	tr := tar.NewReader(&buf)
+	found, whiteout, template := false, false, false
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		name := strings.TrimPrefix(h.Name, "./")
+		switch {
+		case name == "home/user/upper.txt":
+			b, _ := io.ReadAll(tr)
+			found = string(b) == "in the upper layer"
+		case name == "etc/.wh.issue" || (name == "etc/issue" && h.Typeflag == tar.TypeChar):
+			whiteout = true
+		case name == "usr/bin/python3" || strings.HasPrefix(name, "usr/lib/python3"):
+			template = true
+		}
+	}
+	if !found || !whiteout || template {
+		t.Errorf("upper tar: file %v, whiteout %v, template files present %v", found, whiteout, template)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -51,9 +52,12 @@ type Driver struct {
 }
 
 var (
-	_ driver.Driver   = (*Driver)(nil)
-	_ driver.Instance = (*Instance)(nil)
-	_ driver.Detacher = (*Instance)(nil)
+	_ driver.Driver        = (*Driver)(nil)
+	_ driver.Instance      = (*Instance)(nil)
+	_ driver.Detacher      = (*Instance)(nil)
+	_ driver.Checkpointer  = (*Instance)(nil)
+	_ driver.UpperExporter = (*Instance)(nil)
+	_ driver.Restorer      = (*Driver)(nil)
 )
 
 // New checks that runsc runs and returns the driver.
@@ -82,7 +86,7 @@ func (d *Driver) Name() string { return Name }
 
 // Capabilities implements driver.Driver.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Isolation: "gvisor", Features: []string{driver.CapPause}}
+	return driver.Capabilities{Isolation: "gvisor", Features: []string{driver.CapPause, driver.CapCheckpoint, driver.CapRestore, driver.CapFork, driver.CapFilesSnapshot}}
 }
 
 var idRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$`)
@@ -94,35 +98,26 @@ type handleData struct {
 
 // Create implements driver.Driver: it writes the OCI bundle, opens the agent
 // socket and runs `runsc create`. Nothing runs inside until Start.
-func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instance, err error) {
-	if !idRE.MatchString(spec.ID) {
-		return nil, errdefs.InvalidArgument("gvisor: invalid sandbox id %q", spec.ID)
-	}
-	if spec.RootfsKind != "" && spec.RootfsKind != "dir" {
-		return nil, errdefs.InvalidArgument("gvisor: rootfs must be a directory, got %q", spec.RootfsKind)
-	}
-	if fi, err := os.Stat(filepath.Join(spec.Rootfs, "bin")); err != nil || !fi.IsDir() {
-		return nil, errdefs.InvalidArgument("gvisor: rootfs %s is not a root filesystem", spec.Rootfs)
-	}
-	if _, err := os.Stat(spec.AgentPath); err != nil {
-		return nil, errdefs.Unavailable("gvisor: agent binary: %v", err)
-	}
-	if spec.VCPU <= 0 {
-		spec.VCPU = 1
-	}
-	if spec.MemoryMB <= 0 {
-		spec.MemoryMB = 512
-	}
-	if spec.PidsMax <= 0 {
-		spec.PidsMax = 1024
-	}
-	if spec.DiskMB <= 0 {
-		spec.DiskMB = 10240
-	}
-	if spec.Hostname == "" {
-		spec.Hostname = "sandbox"
-	}
+func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Instance, error) {
+	return d.launch(ctx, spec, "")
+}
 
+// Restore implements driver.Restorer: a new instance (its own id, state
+// dir and agent socket) from a checkpoint image, running when it returns.
+// The agent inside redials and lands on the new instance's socket.
+func (d *Driver) Restore(ctx context.Context, spec driver.Spec, checkpointDir string) (driver.Instance, error) {
+	if _, err := os.Stat(filepath.Join(checkpointDir, "checkpoint.img")); err != nil {
+		return nil, errdefs.InvalidArgument("gvisor: %s is not a checkpoint image: %v", checkpointDir, err)
+	}
+	return d.launch(ctx, spec, checkpointDir)
+}
+
+// launch prepares an instance and runs `runsc create` (image == "") or
+// `runsc restore --detach` from a checkpoint image.
+func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string) (_ *Instance, err error) {
+	if err := d.normalize(&spec); err != nil {
+		return nil, err
+	}
 	inst := d.newInstance(spec.ID, spec.StateDir)
 	defer func() {
 		if err != nil {
@@ -149,22 +144,97 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 	if err := os.WriteFile(filepath.Join(inst.bundleDir(), "config.json"), cfgJSON, 0o600); err != nil {
 		return nil, err
 	}
-	// The sandbox inherits runsc create's stdio for its whole life, so it
-	// gets a log file (append-only: gVisor writes at offset 0 otherwise),
-	// never a pipe the server would have to drain.
+	// The sandbox inherits runsc's stdio for its whole life, so it gets a
+	// log file (append-only: gVisor writes at offset 0 otherwise), never
+	// a pipe the server would have to drain.
 	logf, err := os.OpenFile(inst.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
-	cmd := exec.CommandContext(ctx, d.cfg.Runsc, append(append([]string{"--root", d.cfg.Root}, d.createFlags(spec)...),
-		"create", "--bundle", inst.bundleDir(), "--pid-file", filepath.Join(spec.StateDir, "pid"), spec.ID)...)
+	pidFile := filepath.Join(spec.StateDir, "pid")
+	args := append([]string{"--root", d.cfg.Root}, d.createFlags(spec)...)
+	if image == "" {
+		args = append(args, "create", "--bundle", inst.bundleDir(), "--pid-file", pidFile, spec.ID)
+	} else {
+		args = append(args, "restore", "--detach", "--image-path", image, "--bundle", inst.bundleDir(), "--pid-file", pidFile, spec.ID)
+	}
+	cmd := exec.CommandContext(ctx, d.cfg.Runsc, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("runsc create: %v: %s", err, tailFile(inst.logPath(), 2000))
+		verb := "create"
+		if image != "" {
+			verb = "restore"
+		}
+		return nil, fmt.Errorf("runsc %s: %v: %s", verb, err, tailFile(inst.logPath(), 2000))
 	}
 	inst.created = true
+	if image != "" {
+		inst.started = true
+		if b, err := os.ReadFile(pidFile); err == nil {
+			fmt.Sscan(string(b), &inst.pid)
+		}
+	}
 	return inst, nil
+}
+
+func (d *Driver) normalize(spec *driver.Spec) error {
+	if !idRE.MatchString(spec.ID) {
+		return errdefs.InvalidArgument("gvisor: invalid sandbox id %q", spec.ID)
+	}
+	if spec.RootfsKind != "" && spec.RootfsKind != "dir" {
+		return errdefs.InvalidArgument("gvisor: rootfs must be a directory, got %q", spec.RootfsKind)
+	}
+	if fi, err := os.Stat(filepath.Join(spec.Rootfs, "bin")); err != nil || !fi.IsDir() {
+		return errdefs.InvalidArgument("gvisor: rootfs %s is not a root filesystem", spec.Rootfs)
+	}
+	if _, err := os.Stat(spec.AgentPath); err != nil {
+		return errdefs.Unavailable("gvisor: agent binary: %v", err)
+	}
+	if spec.VCPU <= 0 {
+		spec.VCPU = 1
+	}
+	if spec.MemoryMB <= 0 {
+		spec.MemoryMB = 512
+	}
+	if spec.PidsMax <= 0 {
+		spec.PidsMax = 1024
+	}
+	if spec.DiskMB <= 0 {
+		spec.DiskMB = 10240
+	}
+	if spec.Hostname == "" {
+		spec.Hostname = "sandbox"
+	}
+	return nil
+}
+
+// Checkpoint implements driver.Checkpointer: the full state (memory,
+// processes, the overlay upper layer) into dir. Without leaveRunning the
+// sandbox stops afterwards.
+func (i *Instance) Checkpoint(ctx context.Context, dir string, leaveRunning bool) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	args := []string{"checkpoint", "--image-path", dir}
+	if leaveRunning {
+		args = append(args, "--leave-running")
+	}
+	_, err := i.d.runsc(ctx, i, nil, append(args, i.id)...)
+	return err
+}
+
+// ExportUpper implements driver.UpperExporter: the sandbox's writable layer
+// (changes against the template, deletions as whiteouts) as a tar stream,
+// without stopping the sandbox.
+func (i *Instance) ExportUpper(ctx context.Context, w io.Writer) error {
+	cmd := exec.CommandContext(ctx, i.d.cfg.Runsc, "--root", i.d.cfg.Root, "tar", "rootfs-upper", i.id)
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = w, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runsc tar rootfs-upper: %v: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
 }
 
 // createFlags are the global flags that shape a sandbox; they must be the

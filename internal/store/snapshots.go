@@ -1,0 +1,126 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+// Snapshot statuses.
+const (
+	SnapshotCreating = "creating"
+	SnapshotReady    = "ready"
+	SnapshotFailed   = "failed"
+)
+
+// Snapshot is the record of one snapshot; its content lives in the
+// snapshot chunk store under the same id.
+type Snapshot struct {
+	ID             string
+	SandboxID      string
+	Team           string
+	Kind           string // "checkpoint" or "files"
+	Name           string
+	Parent         string // the previous snapshot of the same sandbox ("" for the first)
+	Template       string
+	TemplateDigest string
+	Automatic      bool
+	Status         string
+	Error          string
+	BytesNew       int64
+	BytesTotal     int64
+	CreatedAt      time.Time
+}
+
+const snapshotCols = `id, sandbox_id, team, kind, name, parent, template, template_digest, automatic, status, error, bytes_new, bytes_total, created_at`
+
+func scanSnapshot(sc scanner) (Snapshot, error) {
+	var s Snapshot
+	var auto int
+	var created int64
+	if err := sc.Scan(&s.ID, &s.SandboxID, &s.Team, &s.Kind, &s.Name, &s.Parent, &s.Template, &s.TemplateDigest, &auto, &s.Status, &s.Error, &s.BytesNew, &s.BytesTotal, &created); err != nil {
+		return Snapshot{}, err
+	}
+	s.Automatic = auto != 0
+	s.CreatedAt = fromNanos(created)
+	return s, nil
+}
+
+// CreateSnapshot records a new snapshot. Errors: errdefs.ErrConflict for a
+// duplicate id.
+func (s *Store) CreateSnapshot(ctx context.Context, sn Snapshot) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		sn.ID, sn.SandboxID, sn.Team, sn.Kind, sn.Name, sn.Parent, sn.Template, sn.TemplateDigest, boolInt(sn.Automatic),
+		sn.Status, sn.Error, sn.BytesNew, sn.BytesTotal, toNanos(sn.CreatedAt))
+	return classify(err, "snapshot "+sn.ID)
+}
+
+// FinishSnapshot sets a snapshot's final status and sizes.
+func (s *Store) FinishSnapshot(ctx context.Context, id, status, errMsg string, bytesNew, bytesTotal int64) error {
+	res, err := s.w.ExecContext(ctx, `UPDATE snapshots SET status = ?, error = ?, bytes_new = ?, bytes_total = ? WHERE id = ?`,
+		status, errMsg, bytesNew, bytesTotal, id)
+	if err != nil {
+		return fmt.Errorf("store: finish snapshot: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.NotFound("snapshot %s not found", id)
+	}
+	return nil
+}
+
+// GetSnapshot returns one snapshot. Errors: errdefs.ErrNotFound.
+func (s *Store) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
+	sn, err := scanSnapshot(s.r.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Snapshot{}, errdefs.NotFound("snapshot %s not found", id)
+	}
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("store: get snapshot: %w", err)
+	}
+	return sn, nil
+}
+
+// ListSnapshots returns the snapshots of a sandbox (sandboxID != "") or of
+// every sandbox, oldest first, optionally only those with a status.
+func (s *Store) ListSnapshots(ctx context.Context, sandboxID, status string) ([]Snapshot, error) {
+	q := `SELECT ` + snapshotCols + ` FROM snapshots WHERE 1=1`
+	var args []any
+	if sandboxID != "" {
+		q += ` AND sandbox_id = ?`
+		args = append(args, sandboxID)
+	}
+	if status != "" {
+		q += ` AND status = ?`
+		args = append(args, status)
+	}
+	rows, err := s.r.QueryContext(ctx, q+` ORDER BY created_at, id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list snapshots: %w", err)
+	}
+	defer rows.Close()
+	var out []Snapshot
+	for rows.Next() {
+		sn, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, fmt.Errorf("store: list snapshots: %w", err)
+		}
+		out = append(out, sn)
+	}
+	return out, rows.Err()
+}
+
+// DeleteSnapshot removes a snapshot record. Errors: errdefs.ErrNotFound.
+func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("store: delete snapshot: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.NotFound("snapshot %s not found", id)
+	}
+	return nil
+}
