@@ -107,6 +107,12 @@ func yamuxConfig() *yamux.Config {
 	cfg.MaxStreamWindowSize = 4 << 20
 	cfg.AcceptBacklog = 1024
 	cfg.LogOutput = io.Discard
+	// A frequent keepalive is how the agent learns that its host socket
+	// was cut under it (gVisor drops host sockets at checkpoint; the
+	// guest side sees EPIPE only on its next write): it then redials
+	// within ~half a second. Pings are a few bytes; idle cost is nil.
+	cfg.KeepAliveInterval = 500 * time.Millisecond
+	cfg.ConnectionWriteTimeout = 5 * time.Second
 	return cfg
 }
 

@@ -228,13 +228,41 @@ func (i *Instance) Checkpoint(ctx context.Context, dir string, leaveRunning bool
 // (changes against the template, deletions as whiteouts) as a tar stream,
 // without stopping the sandbox.
 func (i *Instance) ExportUpper(ctx context.Context, w io.Writer) error {
-	cmd := exec.CommandContext(ctx, i.d.cfg.Runsc, "--root", i.d.cfg.Root, "tar", "rootfs-upper", i.id)
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = w, &stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runsc tar rootfs-upper: %v: %s", err, strings.TrimSpace(stderr.String()))
+	// runsc prints a banner on stdout, so the archive goes through a FIFO
+	// in the sandbox's state dir: streamed, never staged on disk.
+	fifo := filepath.Join(i.stateDir, fmt.Sprintf("upper-%d.tar", time.Now().UnixNano()))
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		return fmt.Errorf("export upper: %w", err)
 	}
-	return nil
+	defer os.Remove(fifo)
+	cmd := exec.CommandContext(ctx, i.d.cfg.Runsc, "--root", i.d.cfg.Root, "tar", "rootfs-upper", "--file", fifo, i.id)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	copied := make(chan error, 1)
+	go func() {
+		// Blocks until runsc opens the write end; EOF when it closes it.
+		f, err := os.OpenFile(fifo, os.O_RDONLY, 0)
+		if err != nil {
+			copied <- err
+			return
+		}
+		defer f.Close()
+		_, err = io.Copy(w, f)
+		copied <- err
+	}()
+	werr := cmd.Wait()
+	if werr != nil {
+		// Unblock the reader if runsc never opened the FIFO.
+		if f, err := os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+		<-copied
+		return fmt.Errorf("runsc tar rootfs-upper: %v: %s", werr, strings.TrimSpace(stderr.String()))
+	}
+	return <-copied
 }
 
 // createFlags are the global flags that shape a sandbox; they must be the
@@ -314,6 +342,7 @@ type Instance struct {
 	mu        sync.Mutex
 	ln        net.Listener
 	conns     chan net.Conn
+	current   net.Conn // the connection last handed out by DialAgent
 	created   bool
 	started   bool
 	pid       int
@@ -352,6 +381,18 @@ func (i *Instance) listen() error {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			// The agent holds one connection at a time: a new one means
+			// the one handed out before is dead even if the host side has
+			// not noticed (gVisor drops host sockets at checkpoint without
+			// closing the gofer's end). Close it so the client redials now
+			// instead of after a keepalive timeout.
+			i.mu.Lock()
+			old := i.current
+			i.current = nil
+			i.mu.Unlock()
+			if old != nil {
+				old.Close()
 			}
 			for {
 				select {
@@ -421,6 +462,9 @@ func (i *Instance) Resume(ctx context.Context) error {
 func (i *Instance) DialAgent(ctx context.Context) (net.Conn, error) {
 	select {
 	case c := <-i.conns:
+		i.mu.Lock()
+		i.current = c
+		i.mu.Unlock()
 		return c, nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("gvisor: waiting for agent of %s: %w", i.id, errdefs.ErrUnavailable)
