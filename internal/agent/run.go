@@ -19,6 +19,8 @@ func Run(args []string) int {
 	connect := fs.String("connect", "", "dial the host at `addr` (unix:/path) and serve sessions on it, redialing forever")
 	listen := fs.String("listen", "", "listen on `addr` (unix:/path) and serve every connection (for local testing)")
 	stdio := fs.Bool("stdio", false, "serve one session over stdin/stdout")
+	serial := fs.String("serial", "", "serve sessions on the serial port at `path` (virtio-serial, e.g. /dev/vport0p1)")
+	vmInitMode := fs.Bool("init", false, "run as a VM's init (PID 1 of the initramfs): mount the root disk and switch to it first")
 	user := fs.String("user", "user", "default user for processes and files")
 	home := fs.String("home", "/home/user", "directory relative paths are resolved against")
 	verbose := fs.Bool("v", false, "debug logging")
@@ -35,8 +37,19 @@ func Run(args []string) int {
 	// Logs go to stderr: with --stdio, stdout carries the session.
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
+	if *vmInitMode {
+		if err := vmInit(log); err != nil {
+			log.Error("vm init", "err", err)
+			powerOff()
+			return 1
+		}
+		defer powerOff()
+	}
+
 	var t Transport
 	switch {
+	case *serial != "" && *connect == "" && *listen == "" && !*stdio:
+		t = Serial(*serial)
 	case *connect != "" && *listen == "" && !*stdio:
 		network, addr, err := parseAddr(*connect)
 		if err != nil {
@@ -62,7 +75,7 @@ func Run(args []string) int {
 	case *stdio && *connect == "" && *listen == "":
 		t = Stdio()
 	default:
-		fmt.Fprintln(os.Stderr, "space-agent: exactly one of --connect, --listen, --stdio is required")
+		fmt.Fprintln(os.Stderr, "space-agent: exactly one of --connect, --listen, --stdio, --serial is required")
 		fs.Usage()
 		return 2
 	}

@@ -32,6 +32,9 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "log-format", env: "SPACE_LOG_FORMAT", usage: "text|json (default text)", str: &cfg.LogFormat},
 		{name: "default-timeout", env: "SPACE_DEFAULT_TIMEOUT", usage: "sandbox timeout in seconds when a create asks for none (default 300)", num: &cfg.DefaultTimeoutS},
 		{name: "max-timeout", env: "SPACE_MAX_TIMEOUT", usage: "largest sandbox timeout in seconds (default 86400)", num: &cfg.MaxTimeoutS},
+		{name: "snapshot-interval", env: "SPACE_SNAPSHOT_INTERVAL", usage: "seconds between automatic files snapshots of a changing sandbox; -1 turns them off (default 300)", num: &cfg.SnapshotIntervalS},
+		{name: "retention-days", env: "SPACE_RETENTION_DAYS", usage: "how long snapshot history is kept, thinned hourly then daily (default 7)", num: &cfg.RetentionDays},
+		{name: "checkpoint-on-pause", env: "SPACE_CHECKPOINT_ON_PAUSE", usage: "record a checkpoint in the timeline on every pause: on|off (default on)", str: &cfg.CheckpointOnPause},
 	}
 	cmd := &cobra.Command{
 		Use:   "serve [flags]",

@@ -25,6 +25,8 @@ type CreateRequest struct {
 	Metadata  map[string]string `json:"metadata"`
 	CPU       int               `json:"cpu"`
 	MemoryMB  int               `json:"memory_mb"`
+	// Snapshot, when set, creates the sandbox from that snapshot.
+	Snapshot string `json:"snapshot"`
 }
 
 var (
@@ -113,6 +115,18 @@ func containsNUL(s string) bool {
 // rolled back (instance destroyed, record deleted) and the error returned.
 func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (store.Sandbox, error) {
 	start := s.now()
+	if req.Snapshot != "" {
+		if req.Template != "" {
+			return store.Sandbox{}, errdefs.InvalidArgument("template: give a template or a snapshot, not both")
+		}
+		if err := validateEnv(req.Env); err != nil {
+			return store.Sandbox{}, err
+		}
+		if req.TimeoutS < 0 || time.Duration(req.TimeoutS)*time.Second > s.cfg.MaxTimeout {
+			return store.Sandbox{}, errdefs.InvalidArgument("timeout_s: must be between 1 and %d", int(s.cfg.MaxTimeout.Seconds()))
+		}
+		return s.createFromSnapshot(ctx, c, req)
+	}
 	if err := s.validateCreate(&req); err != nil {
 		return store.Sandbox{}, err
 	}

@@ -72,9 +72,14 @@ type Service struct {
 	// onPause, when set, runs before a sandbox is frozen (the rolling
 	// history takes its checkpoint there).
 	onPause func(ctx context.Context, sb store.Sandbox)
+
+	snaps *Snapshots // nil: snapshots disabled
+	tplMu sync.Mutex // one template indexing at a time
 }
 
 func isConflict(err error) bool { return errors.Is(err, errdefs.ErrConflict) }
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }
 
 // live is the in-memory half of a sandbox with host resources.
 type live struct {

@@ -20,6 +20,10 @@ type Config struct {
 	// create asks for none.
 	DefaultTimeoutS int // --default-timeout (default 300)
 	MaxTimeoutS     int // --max-timeout (default 86400)
+	// Snapshots.
+	SnapshotIntervalS int    // --snapshot-interval: automatic files snapshots (default 300; -1 off)
+	RetentionDays     int    // --retention-days (default 7)
+	CheckpointOnPause string // --checkpoint-on-pause: on|off (default on)
 }
 
 // DefaultDataDir is where a server keeps its state unless told otherwise.
@@ -53,6 +57,15 @@ func (c *Config) Defaults() {
 	}
 	if c.MaxTimeoutS == 0 {
 		c.MaxTimeoutS = 86400
+	}
+	if c.SnapshotIntervalS == 0 {
+		c.SnapshotIntervalS = 300
+	}
+	if c.RetentionDays == 0 {
+		c.RetentionDays = 7
+	}
+	if c.CheckpointOnPause == "" {
+		c.CheckpointOnPause = "on"
 	}
 	if c.AgentPath == "" {
 		if exe, err := os.Executable(); err == nil {

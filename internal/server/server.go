@@ -26,6 +26,7 @@ import (
 	"github.com/spacesandbox/space/internal/driver/gvisor"
 	"github.com/spacesandbox/space/internal/httpapi"
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/snapshot"
 	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/template"
 )
@@ -77,6 +78,17 @@ func Run(ctx context.Context, cfg Config) error {
 		DefaultTimeout: time.Duration(cfg.DefaultTimeoutS) * time.Second,
 		MaxTimeout:     time.Duration(cfg.MaxTimeoutS) * time.Second,
 	}, st, drivers, log, metrics)
+	snaps, err := snapshot.New(filepath.Join(cfg.DataDir, "snapshots"))
+	if err != nil {
+		return fmt.Errorf("snapshot store: %w", err)
+	}
+	defer snaps.Close()
+	interval := time.Duration(cfg.SnapshotIntervalS) * time.Second
+	retain := time.Duration(cfg.RetentionDays) * 24 * time.Hour
+	svc.SetSnapshots(sandbox.Snapshots{
+		Store: snaps, Interval: interval, CheckpointOnPause: cfg.CheckpointOnPause != "off",
+		Retention: snapshot.Policy{KeepAll: time.Hour, Hourly: 24 * time.Hour, Daily: retain, NamedMaxAge: retain},
+	})
 	if err := svc.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
@@ -108,7 +120,15 @@ func Run(ctx context.Context, cfg Config) error {
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
 	defer stopBG()
-	wg.Add(2)
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		tick := 30 * time.Second
+		if interval > 0 && interval/4 < tick {
+			tick = max(interval/4, time.Second)
+		}
+		svc.History(bg, tick)
+	}()
 	go func() {
 		defer wg.Done()
 		health.ensureTemplate(bg, tpls, cfg.DefaultTemplate, log)

@@ -1,0 +1,384 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+type snapshotView struct {
+	ID         string    `json:"id"`
+	SandboxID  string    `json:"sandbox_id"`
+	Kind       string    `json:"kind"`
+	Name       string    `json:"name"`
+	Status     string    `json:"status"`
+	Parent     string    `json:"parent"`
+	Automatic  bool      `json:"automatic"`
+	BytesNew   int64     `json:"bytes_new"`
+	BytesTotal int64     `json:"bytes_total"`
+	CreatedAt  time.Time `json:"created_at"`
+	Verified   bool      `json:"verified"`
+}
+
+func (s *server) snapshot(id, kind, name string) snapshotView {
+	s.t.Helper()
+	var sn snapshotView
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/snapshots", s.key, map[string]string{"kind": kind, "name": name}, &sn); code != 201 || sn.Status != "ready" {
+		s.t.Fatalf("snapshot %s: %d %+v", kind, code, sn)
+	}
+	return sn
+}
+
+// counterScript prints a counter it keeps only in memory, one per line,
+// every 50 ms, to a file and stdout.
+const counterScript = `import time,sys
+n=0
+while True:
+    n+=1
+    open('/tmp/counter','w').write(str(n))
+    time.sleep(0.05)
+`
+
+func readCounter(t *testing.T, s *server, id string) int {
+	t.Helper()
+	r := s.sh(id, "cat /tmp/counter")
+	n, err := strconv.Atoi(strings.TrimSpace(r.Stdout))
+	if err != nil {
+		t.Fatalf("counter %q: %v", r.Stdout, err)
+	}
+	return n
+}
+
+func TestPauseResume(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	var bg struct{ PID int }
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"python3", "-c", counterScript}, "background": true}, &bg)
+	waitFor(t, "counter to start", 20*time.Second, func() bool { return s.sh(id, "test -s /tmp/counter && echo y").Stdout == "y\n" })
+	s.put(id, "/home/user/open.txt", strings.NewReader("kept across pause"))
+
+	var sb sandboxView
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/pause", s.key, nil, &sb); code != 200 || sb.State != "paused" {
+		t.Fatalf("pause: %d %+v", code, sb)
+	}
+	var e apiError
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/pause", s.key, nil, &e); code != 409 || e.State != "paused" {
+		t.Errorf("pause a paused sandbox: %d %+v", code, e)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "true"}, &e); code != 409 || e.State != "paused" {
+		t.Errorf("exec while paused: %d %+v", code, e)
+	}
+	// The checkpoint-on-pause is in the timeline.
+	var tl struct{ Snapshots []snapshotView }
+	s.do("GET", "/v1/sandboxes/"+id+"/snapshots", s.key, nil, &tl)
+	if len(tl.Snapshots) == 0 || tl.Snapshots[len(tl.Snapshots)-1].Kind != "checkpoint" || !tl.Snapshots[len(tl.Snapshots)-1].Automatic {
+		t.Errorf("no automatic checkpoint on pause: %+v", tl.Snapshots)
+	}
+	time.Sleep(time.Second) // the interval under test: a running counter would advance ~20 times
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/resume", s.key, nil, &sb); code != 200 || sb.State != "running" {
+		t.Fatalf("resume: %d %+v", code, sb)
+	}
+	after := readCounter(t, s, id)
+	// Read the counter the paused process had written last from the
+	// checkpoint-free side: compare two reads right after resume.
+	time.Sleep(300 * time.Millisecond)
+	later := readCounter(t, s, id)
+	if later <= after {
+		t.Errorf("counter stuck after resume: %d then %d", after, later)
+	}
+	// The same process (same pid) is still running: its memory survived.
+	var ps struct {
+		Processes []struct {
+			PID     int  `json:"pid"`
+			Running bool `json:"running"`
+		}
+	}
+	s.do("GET", "/v1/sandboxes/"+id+"/processes", s.key, nil, &ps)
+	alive := false
+	for _, p := range ps.Processes {
+		alive = alive || (p.PID == bg.PID && p.Running)
+	}
+	if !alive {
+		t.Errorf("process %d not running after resume", bg.PID)
+	}
+	if r := s.sh(id, "cat /home/user/open.txt"); r.Stdout != "kept across pause" {
+		t.Errorf("file after resume: %q", r.Stdout)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/resume", s.key, nil, &e); code != 409 || e.State != "running" {
+		t.Errorf("resume a running sandbox: %d %+v", code, e)
+	}
+}
+
+// TestPausedMakesNoProgress: a process counting 20 times a second gains
+// nothing while its sandbox is paused for a second.
+func TestPausedMakesNoProgress(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"python3", "-c", counterScript}, "background": true}, nil)
+	waitFor(t, "counter to start", 20*time.Second, func() bool { return s.sh(id, "test -s /tmp/counter && echo y").Stdout == "y\n" })
+	c0 := readCounter(t, s, id)
+	t0 := time.Now()
+	s.do("POST", "/v1/sandboxes/"+id+"/pause", s.key, nil, nil)
+	time.Sleep(time.Second) // paused span: ~20 increments if it kept running
+	s.do("POST", "/v1/sandboxes/"+id+"/resume", s.key, nil, nil)
+	c1 := readCounter(t, s, id)
+	wall := time.Since(t0)
+	// Had it kept running it would have gained wall/50ms; the paused
+	// second must be missing from that (allowing half of it for timer
+	// slack on a loaded machine).
+	ifRunning := int(wall / (50 * time.Millisecond))
+	if c1-c0 > ifRunning-10 {
+		t.Errorf("counter advanced by %d in %v with a 1 s pause (%d if never paused)", c1-c0, wall, ifRunning)
+	}
+	t.Logf("counter advanced by %d in %v with a 1 s pause (%d if never paused)", c1-c0, wall, ifRunning)
+}
+
+func TestCheckpointDestroyRestore(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	payload := bytes.Repeat([]byte("checkpointed bytes\x00\x01\xff"), 50000)
+	s.put(id, "/home/user/data.bin", bytes.NewReader(payload))
+	var bg struct{ PID int }
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"python3", "-c", counterScript}, "background": true}, &bg)
+	waitFor(t, "counter to start", 20*time.Second, func() bool { return s.sh(id, "test -s /tmp/counter && echo y").Stdout == "y\n" })
+	sn := s.snapshot(id, "checkpoint", "before-cleanup")
+	if sn.Kind != "checkpoint" || sn.Name != "before-cleanup" || sn.BytesTotal <= 0 {
+		t.Fatalf("snapshot: %+v", sn)
+	}
+	at := readCounter(t, s, id)
+	s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+
+	var nb sandboxView
+	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"snapshot": sn.ID}, &nb); code != 201 || nb.State != "running" || nb.ID == id {
+		t.Fatalf("create from snapshot: %d %+v", code, nb)
+	}
+	resp, err := s.get(nb.ID, "/home/user/data.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !bytes.Equal(got, payload) {
+		t.Errorf("file after restore: %d bytes, want %d identical", len(got), len(payload))
+	}
+	// The counter process came back with its memory: it continues from
+	// about where it was, not from 1.
+	waitFor(t, "restored counter to advance", 10*time.Second, func() bool { return readCounter(t, s, nb.ID) > at })
+	var ps struct {
+		Processes []struct {
+			PID     int  `json:"pid"`
+			Running bool `json:"running"`
+		}
+	}
+	s.do("GET", "/v1/sandboxes/"+nb.ID+"/processes", s.key, nil, &ps)
+	found := false
+	for _, p := range ps.Processes {
+		found = found || (p.PID == bg.PID && p.Running)
+	}
+	if !found {
+		t.Errorf("process %d not in the restored sandbox: %+v", bg.PID, ps)
+	}
+	var v snapshotView
+	if code := s.do("GET", "/v1/snapshots/"+sn.ID+"?verify=true", s.key, nil, &v); code != 200 || !v.Verified {
+		t.Errorf("verify: %d %+v", code, v)
+	}
+}
+
+func TestFork(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	s.put(id, "/home/user/shared.txt", strings.NewReader("from parent"))
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "export SECRET_STATE=42; sleep 1000", "background": true}, nil)
+	var out struct{ Sandboxes []sandboxView }
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/fork", s.key, map[string]int{"count": 3}, &out); code != 201 || len(out.Sandboxes) != 3 {
+		t.Fatalf("fork: %d %+v", code, out)
+	}
+	ids := []string{id}
+	for _, k := range out.Sandboxes {
+		if k.State != "running" || k.ID == id {
+			t.Fatalf("child %+v", k)
+		}
+		ids = append(ids, k.ID)
+	}
+	for i, x := range ids {
+		if r := s.sh(x, "cat /home/user/shared.txt"); r.Stdout != "from parent" {
+			t.Errorf("sandbox %d sees %q", i, r.Stdout)
+		}
+		s.put(x, "/home/user/own.txt", strings.NewReader(fmt.Sprintf("copy %d", i)))
+	}
+	for i, x := range ids {
+		if r := s.sh(x, "cat /home/user/own.txt"); r.Stdout != fmt.Sprintf("copy %d", i) {
+			t.Errorf("sandbox %d: own file %q (writes leaked between copies)", i, r.Stdout)
+		}
+		// Processes came along.
+		if r := s.sh(x, "pgrep -c sleep"); strings.TrimSpace(r.Stdout) != "1" {
+			t.Errorf("sandbox %d: sleep processes %q", i, r.Stdout)
+		}
+	}
+	// Entropy differs between children.
+	a := s.sh(out.Sandboxes[0].ID, "head -c 16 /dev/urandom | od -An -tx1").Stdout
+	b := s.sh(out.Sandboxes[1].ID, "head -c 16 /dev/urandom | od -An -tx1").Stdout
+	if a == b {
+		t.Errorf("children share random state: %q", a)
+	}
+	var e apiError
+	s.do("DELETE", "/v1/sandboxes/"+ids[3], s.key, nil, nil)
+	if code := s.do("POST", "/v1/sandboxes/"+ids[3]+"/fork", s.key, map[string]int{"count": 1}, &e); code != 409 || e.State != "stopped" {
+		t.Errorf("fork a stopped sandbox: %d %+v", code, e)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/fork", s.key, map[string]int{"count": 100}, &e); code != 400 {
+		t.Errorf("fork 100: %d", code)
+	}
+}
+
+func TestTimeTravel(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	s.put(id, "/home/user/report.csv", strings.NewReader("v1\n"))
+	s.put(id, "/home/user/notes.txt", strings.NewReader("notes"))
+	s.put(id, "/home/user/other.txt", strings.NewReader("other v1"))
+	a := s.snapshot(id, "files", "")
+	s.put(id, "/home/user/report.csv", strings.NewReader("v2 with more\n"))
+	s.put(id, "/home/user/other.txt", strings.NewReader("other v2"))
+	s.sh(id, "rm /home/user/notes.txt")
+	b := s.snapshot(id, "files", "")
+	if b.Parent != a.ID {
+		t.Errorf("lineage: %s's parent is %q, want %s", b.ID, b.Parent, a.ID)
+	}
+	var diff struct {
+		Changes []struct {
+			Path    string `json:"path"`
+			Kind    string `json:"kind"`
+			OldSize int64  `json:"old_size"`
+			NewSize int64  `json:"new_size"`
+		}
+	}
+	if code := s.do("GET", "/v1/snapshots/diff?from="+a.ID+"&to="+b.ID, s.key, nil, &diff); code != 200 {
+		t.Fatalf("diff: %d", code)
+	}
+	got := map[string]string{}
+	for _, c := range diff.Changes {
+		got[c.Path] = c.Kind
+		if c.Path == "/home/user/report.csv" && (c.OldSize != 3 || c.NewSize != 13) {
+			t.Errorf("report.csv sizes %d → %d", c.OldSize, c.NewSize)
+		}
+	}
+	if got["/home/user/report.csv"] != "modified" || got["/home/user/notes.txt"] != "removed" || got["/home/user/other.txt"] != "modified" {
+		t.Errorf("diff: %+v", diff.Changes)
+	}
+	// Read one file from the past and list a directory.
+	resp, _ := http.NewRequest("GET", s.url+"/v1/snapshots/"+a.ID+"/files?path=/home/user/report.csv", nil)
+	resp.Header.Set("Authorization", "Bearer "+s.key)
+	r, err := http.DefaultClient.Do(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	if string(old) != "v1\n" {
+		t.Errorf("file from snapshot a: %q", old)
+	}
+	var ls struct{ Entries []struct{ Path, Type string } }
+	s.do("GET", "/v1/snapshots/"+a.ID+"/files?path=/home/user", s.key, nil, &ls)
+	names := ""
+	for _, e := range ls.Entries {
+		names += e.Path + " "
+	}
+	if !strings.Contains(names, "/home/user/notes.txt") || !strings.Contains(names, "/home/user/report.csv") {
+		t.Errorf("listing of snapshot a: %s", names)
+	}
+	// Restore one path: report.csv is v1 again, other.txt stays v2 and
+	// notes.txt stays deleted.
+	var res struct{ Written, Removed []string }
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/restore", s.key, map[string]any{"snapshot": a.ID, "paths": []string{"/home/user/report.csv"}}, &res); code != 200 {
+		t.Fatalf("restore: %d", code)
+	}
+	if r := s.sh(id, "cat /home/user/report.csv; cat /home/user/other.txt; test -e /home/user/notes.txt && echo notes-back"); r.Stdout != "v1\nother v2" {
+		t.Errorf("after restoring one path: %q (written %v)", r.Stdout, res.Written)
+	}
+	// Whole restore: everything back to a.
+	s.do("POST", "/v1/sandboxes/"+id+"/restore", s.key, map[string]any{"snapshot": a.ID}, &res)
+	if r := s.sh(id, "cat /home/user/report.csv /home/user/other.txt /home/user/notes.txt"); r.Stdout != "v1\nother v1notes" {
+		t.Errorf("after whole restore: %q", r.Stdout)
+	}
+}
+
+func TestSnapshotDedup(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(map[string]any{"memory_mb": 1024})
+	// A 200 MB workspace of incompressible data.
+	if r := s.sh(id, "mkdir -p /home/user/ws && for i in 1 2 3 4; do head -c 50000000 /dev/urandom > /home/user/ws/part$i; done && du -sm /home/user/ws"); !strings.HasPrefix(r.Stdout, "19") && !strings.HasPrefix(r.Stdout, "20") {
+		t.Fatalf("workspace: %+v", r)
+	}
+	first := s.snapshot(id, "files", "")
+	second := s.snapshot(id, "files", "")
+	if first.BytesTotal < 200e6 || second.BytesTotal < 200e6 {
+		t.Fatalf("bytes_total %d, %d", first.BytesTotal, second.BytesTotal)
+	}
+	if float64(second.BytesNew) > 0.01*float64(second.BytesTotal) {
+		t.Errorf("second snapshot of an unchanged workspace stored %d new bytes of %d (>1%%)", second.BytesNew, second.BytesTotal)
+	}
+	// A second sandbox of the same template: its snapshot shares the
+	// template's chunks and costs only its own small changes.
+	other := s.create(nil)
+	s.put(other, "/home/user/small.txt", strings.NewReader("tiny"))
+	o := s.snapshot(other, "files", "")
+	if o.BytesNew > 1<<20 {
+		t.Errorf("snapshot of a fresh sandbox stored %d new bytes", o.BytesNew)
+	}
+	t.Logf("200 MB workspace: first %d new bytes, second %d new of %d; fresh sandbox %d", first.BytesNew, second.BytesNew, second.BytesTotal, o.BytesNew)
+}
+
+func TestSnapshotCrashSafety(t *testing.T) {
+	s := startServer(t, "")
+	id := s.create(map[string]any{"memory_mb": 1024})
+	s.put(id, "/home/user/a.txt", strings.NewReader("early"))
+	early := s.snapshot(id, "files", "early")
+	s.sh(id, "head -c 300000000 /dev/urandom > /home/user/big.bin")
+	// Start a big snapshot and kill the server in the middle of it.
+	go func() {
+		req, _ := http.NewRequest("POST", s.url+"/v1/sandboxes/"+id+"/snapshots", strings.NewReader(`{"kind":"files"}`))
+		req.Header.Set("Authorization", "Bearer "+s.key)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the snapshot to start", 10*time.Second, func() bool {
+		var tl struct{ Snapshots []snapshotView }
+		s.do("GET", "/v1/sandboxes/"+id+"/snapshots", s.key, nil, &tl)
+		return len(tl.Snapshots) == 2
+	})
+	time.Sleep(300 * time.Millisecond)
+	s.kill9()
+	s.start()
+	var tl struct{ Snapshots []snapshotView }
+	s.do("GET", "/v1/sandboxes/"+id+"/snapshots", s.key, nil, &tl)
+	for _, sn := range tl.Snapshots {
+		if sn.ID != early.ID && sn.Status == "ready" {
+			t.Logf("the big snapshot finished before the kill; crash window missed")
+		}
+		if sn.ID != early.ID && sn.Status != "ready" && sn.Status != "failed" {
+			t.Errorf("partial snapshot %s is %s after restart", sn.ID, sn.Status)
+		}
+	}
+	var v snapshotView
+	if code := s.do("GET", "/v1/snapshots/"+early.ID+"?verify=true", s.key, nil, &v); code != 200 || !v.Verified {
+		t.Errorf("earlier snapshot after crash: %d %+v", code, v)
+	}
+	resp, _ := http.NewRequest("GET", s.url+"/v1/snapshots/"+early.ID+"/files?path=/home/user/a.txt", nil)
+	resp.Header.Set("Authorization", "Bearer "+s.key)
+	r, err := http.DefaultClient.Do(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	if string(b) != "early" {
+		t.Errorf("file from the earlier snapshot: %q", b)
+	}
+}

@@ -1,0 +1,504 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+var errHeadTooLarge = errors.New("request header too large")
+
+// peekHead returns the request head (through the blank line) without
+// consuming it, so the raw Host header can be read before
+// http.ReadRequest drops it for absolute-form requests.
+func peekHead(br *bufio.Reader) ([]byte, error) {
+	n := 1
+	for {
+		b, err := br.Peek(n)
+		if i := headEnd(b); i >= 0 {
+			return b[:i], nil
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return nil, errHeadTooLarge
+		}
+		if err != nil {
+			return nil, err
+		}
+		n = br.Buffered() + 1
+		if n > br.Size() {
+			return nil, errHeadTooLarge
+		}
+	}
+}
+
+func headEnd(b []byte) int {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\n' {
+			continue
+		}
+		if i+1 < len(b) && b[i+1] == '\n' {
+			return i + 2
+		}
+		if i+2 < len(b) && b[i+1] == '\r' && b[i+2] == '\n' {
+			return i + 3
+		}
+	}
+	return -1
+}
+
+// headerValue returns the first value of a header in a raw head.
+func headerValue(head []byte, name string) string {
+	lines := bytes.Split(head, []byte("\n"))
+	for _, l := range lines[1:] {
+		k, v, ok := bytes.Cut(l, []byte(":"))
+		if ok && strings.EqualFold(string(bytes.TrimSpace(k)), name) {
+			return string(bytes.TrimSpace(v))
+		}
+	}
+	return ""
+}
+
+// hostMatches reports whether a Host header names host (and port, if it
+// names one).
+func hostMatches(hdr, host string, port int) bool {
+	if hdr == "" {
+		return false
+	}
+	h, p := hdr, ""
+	if hh, pp, err := net.SplitHostPort(hdr); err == nil {
+		h, p = hh, pp
+	}
+	if normalizeHost(h) != host {
+		return false
+	}
+	return p == "" || p == strconv.Itoa(port)
+}
+
+// countConn counts bytes to (up) and from (down) an upstream.
+type countConn struct {
+	net.Conn
+	up, down atomic.Int64
+}
+
+func (c *countConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.down.Add(int64(n))
+	return n, err
+}
+
+func (c *countConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.up.Add(int64(n))
+	return n, err
+}
+
+type closeWriter interface{ CloseWrite() error }
+
+func (c *countConn) CloseWrite() error {
+	if cw, ok := c.Conn.(closeWriter); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
+// bufConn reads through a bufio.Reader that may hold bytes already peeked.
+type bufConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (b *bufConn) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+// pipe copies both ways until both directions end, half-closing where the
+// connection allows and closing both where it does not.
+func pipe(a net.Conn, ar io.Reader, b net.Conn, br io.Reader) {
+	var wg sync.WaitGroup
+	cp := func(dst net.Conn, src io.Reader) {
+		defer wg.Done()
+		_, _ = io.Copy(dst, src)
+		if cw, ok := dst.(closeWriter); !ok || cw.CloseWrite() != nil {
+			a.Close()
+			b.Close()
+		}
+	}
+	wg.Add(2)
+	go cp(b, ar)
+	go cp(a, br)
+	wg.Wait()
+}
+
+const (
+	kindEnd = iota
+	kindTLS
+	kindHTTP
+	kindRaw
+)
+
+// sniff classifies a tunnel by its first bytes. Anything that could be an
+// HTTP request line (letters then a space, or leading whitespace) is
+// treated as HTTP, so a nested CONNECT cannot hide as "raw".
+func (s *session) sniff(port int) int {
+	web := port == 80 || port == 443
+	wait := s.p.cfg.SniffTimeout
+	if web {
+		wait = s.p.cfg.IdleTimeout
+	}
+	_ = s.c.SetReadDeadline(time.Now().Add(wait))
+	defer s.c.SetReadDeadline(time.Time{})
+	b, err := s.br.Peek(1)
+	if err != nil {
+		var ne net.Error
+		if !web && errors.As(err, &ne) && ne.Timeout() {
+			return kindRaw
+		}
+		return kindEnd
+	}
+	_ = s.c.SetReadDeadline(time.Now().Add(s.p.cfg.IdleTimeout))
+	isLetter := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+	switch c := b[0]; {
+	case c == 0x16:
+		return kindTLS
+	case c == ' ' || c == '\t' || c == '\r' || c == '\n':
+		return kindHTTP
+	case isLetter(c):
+		for n := 2; n <= 32; n++ {
+			b, err := s.br.Peek(n)
+			if err != nil {
+				return kindHTTP
+			}
+			if b[n-1] == ' ' {
+				return kindHTTP
+			}
+			if !isLetter(b[n-1]) {
+				return kindRaw
+			}
+		}
+		return kindHTTP
+	}
+	return kindRaw
+}
+
+var errSniffed = errors.New("sniffed")
+
+// peekClientHello parses the ClientHello at the head of br without
+// consuming it (crypto/tls parses; the handshake is abandoned at once).
+func peekClientHello(br *bufio.Reader) (*tls.ClientHelloInfo, error) {
+	hdr, err := br.Peek(5)
+	if err != nil {
+		return nil, err
+	}
+	if hdr[0] != 0x16 {
+		return nil, errors.New("not a TLS handshake")
+	}
+	rec, err := br.Peek(5 + int(binary.BigEndian.Uint16(hdr[3:5])))
+	if err != nil {
+		return nil, err
+	}
+	var hello *tls.ClientHelloInfo
+	_ = tls.Server(&readOnlyConn{r: bytes.NewReader(rec)}, &tls.Config{
+		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			hello = h
+			return nil, errSniffed
+		},
+	}).Handshake()
+	if hello == nil {
+		return nil, errors.New("malformed ClientHello")
+	}
+	return hello, nil
+}
+
+type readOnlyConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *readOnlyConn) Read(p []byte) (int, error)         { return c.r.Read(p) }
+func (c *readOnlyConn) Write(p []byte) (int, error)        { return 0, io.ErrClosedPipe }
+func (c *readOnlyConn) Close() error                       { return nil }
+func (c *readOnlyConn) LocalAddr() net.Addr                { return &net.TCPAddr{} }
+func (c *readOnlyConn) RemoteAddr() net.Addr               { return &net.TCPAddr{} }
+func (c *readOnlyConn) SetDeadline(t time.Time) error      { return nil }
+func (c *readOnlyConn) SetReadDeadline(t time.Time) error  { return nil }
+func (c *readOnlyConn) SetWriteDeadline(t time.Time) error { return nil }
+
+// intercept terminates the sandbox's TLS with its CA, opens verified TLS to
+// the vetted upstream, and relays HTTP/1.1 with secrets injected.
+func (s *session) intercept(ctx context.Context, rec *Record, up *countConn) {
+	ca, err := s.p.cfg.CAs.Get(s.sb)
+	if err != nil {
+		s.log.Error("egress CA", "err", err)
+		rec.Decision, rec.Reason, rec.Rule = DecisionDeny, ReasonProtocol, "no interception CA"
+		s.c.Write(tlsAlertAccessDenied)
+		return
+	}
+	host := rec.Host
+	tc := tls.Server(&bufConn{Conn: s.c, r: s.br}, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"},
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return ca.leaf(host, s.p.cfg.Now())
+		},
+	})
+	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		s.log.Debug("egress client TLS handshake", "host", host, "err", err)
+		return
+	}
+	uc := tls.Client(up, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		ServerName: host,
+		RootCAs:    s.p.cfg.RootCAs,
+		NextProtos: []string{"http/1.1"},
+	})
+	if err := uc.HandshakeContext(hctx); err != nil {
+		rec.Decision, rec.Reason, rec.Rule = DecisionDeny, ReasonUpstreamTLS, "upstream certificate not trusted"
+		s.respond(tc, http.StatusBadGateway, ReasonUpstreamTLS, fmt.Sprintf("space egress: %s:%d upstream TLS failed", host, rec.Port))
+		s.log.Info("egress upstream TLS", "host", host, "err", err)
+		return
+	}
+	s.relay(rec, tc, bufio.NewReader(tc), uc, bufio.NewReader(uc), true)
+}
+
+// relay serves HTTP/1.1 requests inside a tunnel to its one upstream. Each
+// request must name the tunnel's host and may not CONNECT; placeholders
+// are injected when intercepted is true and refused elsewhere. The first
+// refusal ends the tunnel and marks rec refused.
+func (s *session) relay(rec *Record, cw net.Conn, br *bufio.Reader, up net.Conn, upbr *bufio.Reader, intercepted bool) {
+	used := map[string]bool{}
+	for {
+		_ = cw.SetReadDeadline(time.Now().Add(s.p.cfg.IdleTimeout))
+		head, err := peekHead(br)
+		if err != nil {
+			return
+		}
+		_ = cw.SetReadDeadline(time.Time{})
+		hostHdr := headerValue(head, "host")
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			s.refuse(cw, rec, http.StatusBadRequest, ReasonProtocol, "malformed HTTP request in tunnel")
+			return
+		}
+		if req.Method == http.MethodConnect {
+			s.refuse(cw, rec, http.StatusForbidden, ReasonNestedConnect, "CONNECT inside a tunnel")
+			return
+		}
+		if !hostMatches(hostHdr, rec.Host, rec.Port) || (req.URL.Host != "" && !hostMatches(req.URL.Host, rec.Host, rec.Port)) {
+			s.refuse(cw, rec, http.StatusForbidden, ReasonHostMismatch, fmt.Sprintf("Host header %q does not match the tunnel", safe(hostHdr)))
+			return
+		}
+		req.Host = hostHdr
+		state := s.p.view(s.sb)
+		if intercepted {
+			for _, b := range state.secrets {
+				if b.matchHost(rec.Host) && b.inject(req) {
+					used[b.secret.Name] = true
+				}
+			}
+		}
+		if names := placeholdersIn(req, state.secrets); names != nil {
+			rec.Secret = strings.Join(names, ",")
+			s.refuse(cw, rec, http.StatusForbidden, ReasonLeak, "secret placeholder may not be sent to this host")
+			return
+		}
+		if len(used) > 0 {
+			names := make([]string, 0, len(used))
+			for n := range used {
+				names = append(names, n)
+			}
+			slices.Sort(names)
+			rec.Secret = strings.Join(names, ",")
+		}
+		closeAfter, upgraded, err := roundTrip(req, cw, up, upbr)
+		if upgraded {
+			pipe(cw, br, up, upbr)
+			return
+		}
+		if err != nil || closeAfter {
+			return
+		}
+	}
+}
+
+// roundTrip forwards one request and its response.
+func roundTrip(req *http.Request, cw io.Writer, up io.Writer, upbr *bufio.Reader) (closeAfter, upgraded bool, err error) {
+	h := req.Header
+	h.Del("Proxy-Authorization")
+	h.Del("Proxy-Connection")
+	if _, ok := h["User-Agent"]; !ok {
+		h["User-Agent"] = []string{""} // keep net/http from adding its own
+	}
+	if req.Close {
+		h.Del("Connection") // req.Write adds "Connection: close" itself
+	}
+	if strings.EqualFold(h.Get("Expect"), "100-continue") {
+		h.Del("Expect")
+		if _, err := io.WriteString(cw, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+			return true, false, err
+		}
+	}
+	if err := req.Write(up); err != nil {
+		return true, false, err
+	}
+	for {
+		resp, err := http.ReadResponse(upbr, req)
+		if err != nil {
+			return true, false, err
+		}
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			err := resp.Write(cw)
+			return true, err == nil, err
+		}
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 {
+			if err := resp.Write(cw); err != nil {
+				return true, false, err
+			}
+			continue
+		}
+		err = resp.Write(cw)
+		resp.Body.Close()
+		return req.Close || resp.Close || err != nil, false, err
+	}
+}
+
+// inject puts the secret's value where its Injection says, if the request
+// carries the placeholder there. It reports whether it did.
+func (b *boundSecret) inject(req *http.Request) bool {
+	ph, val := b.placeholder, string(b.secret.Value)
+	inj := b.secret.Inject
+	done := false
+	switch {
+	case inj.Header != "":
+		key := http.CanonicalHeaderKey(inj.Header)
+		for i, v := range req.Header[key] {
+			switch {
+			case v == ph:
+				f := inj.Format
+				if f == "" {
+					f = "{value}"
+				}
+				req.Header[key][i] = strings.ReplaceAll(f, "{value}", val)
+				done = true
+			case strings.Contains(v, ph):
+				req.Header[key][i] = strings.ReplaceAll(v, ph, val)
+				done = true
+			}
+		}
+	case inj.BasicAuth != nil:
+		for i, v := range req.Header["Authorization"] {
+			user := inj.BasicAuth.User
+			if v == ph {
+				req.Header["Authorization"][i] = "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+val))
+				done = true
+				continue
+			}
+			scheme, cred, ok := strings.Cut(v, " ")
+			if !ok || !strings.EqualFold(scheme, "basic") {
+				continue
+			}
+			dec, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+			if err != nil {
+				continue
+			}
+			u, pw, ok := strings.Cut(string(dec), ":")
+			if !ok || !strings.Contains(pw, ph) {
+				continue
+			}
+			if user != "" {
+				u = user
+			}
+			req.Header["Authorization"][i] = "Basic " + base64.StdEncoding.EncodeToString([]byte(u+":"+strings.ReplaceAll(pw, ph, val)))
+			done = true
+		}
+	case inj.QueryParam != "":
+		parts := strings.Split(req.URL.RawQuery, "&")
+		for i, part := range parts {
+			k, v, _ := strings.Cut(part, "=")
+			uk, err := url.QueryUnescape(k)
+			if err != nil || uk != inj.QueryParam {
+				continue
+			}
+			uv, err := url.QueryUnescape(v)
+			if err != nil || !strings.Contains(uv, ph) {
+				continue
+			}
+			parts[i] = k + "=" + url.QueryEscape(strings.ReplaceAll(uv, ph, val))
+			done = true
+		}
+		if done {
+			req.URL.RawQuery = strings.Join(parts, "&")
+		}
+	}
+	return done
+}
+
+// placeholdersIn returns the names of the secrets whose placeholders the
+// request head still carries ("unknown" for a placeholder-shaped string
+// of no bound secret), or nil. It looks at the target, every header name
+// and value, and decoded basic-auth credentials.
+func placeholdersIn(req *http.Request, secrets []*boundSecret) []string {
+	var texts []string
+	add := func(s string) {
+		texts = append(texts, s)
+		if u, err := url.PathUnescape(s); err == nil && u != s {
+			texts = append(texts, u)
+		}
+	}
+	add(req.RequestURI)
+	add(req.URL.RequestURI())
+	add(req.Host)
+	for k, vs := range req.Header {
+		add(k)
+		for _, v := range vs {
+			add(v)
+			if scheme, cred, ok := strings.Cut(v, " "); ok && strings.EqualFold(scheme, "basic") {
+				if dec, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred)); err == nil {
+					add(string(dec))
+				}
+			}
+		}
+	}
+	var names []string
+	unknown := false
+	for _, t := range texts {
+		lt := strings.ToLower(t)
+		if !strings.Contains(lt, PlaceholderPrefix) {
+			continue
+		}
+		found := false
+		for _, b := range secrets {
+			if strings.Contains(lt, b.placeholder) {
+				found = true
+				if !slices.Contains(names, b.secret.Name) {
+					names = append(names, b.secret.Name)
+				}
+			}
+		}
+		if !found {
+			unknown = true
+		}
+	}
+	if unknown {
+		names = append(names, "unknown")
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	slices.Sort(names)
+	return names
+}

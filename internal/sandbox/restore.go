@@ -1,0 +1,231 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/snapshot"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// RestoreResult says what a restore changed in the live sandbox.
+type RestoreResult struct {
+	Written []string `json:"written"`
+	Removed []string `json:"removed"`
+}
+
+// RestoreFiles brings the chosen paths (every path when paths is empty)
+// of a running sandbox back to how they were in snapshot sid: files and
+// directories that differ are rewritten, ones that did not exist then are
+// removed. Other paths are left as they are.
+func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, paths []string) (RestoreResult, error) {
+	var res RestoreResult
+	if s.snaps == nil {
+		return res, errdefs.NotSupported("snapshots are not enabled on this server")
+	}
+	var sel []string
+	for _, p := range paths {
+		cp, err := cleanPath(p)
+		if err != nil {
+			return res, err
+		}
+		if cp == "/" {
+			sel = nil
+			break
+		}
+		sel = append(sel, strings.TrimPrefix(cp, "/"))
+	}
+	sb, l, err := s.liveOf(ctx, c, id, StateRunning)
+	if err != nil {
+		return res, err
+	}
+	sn, err := s.readySnapshot(ctx, c, sid)
+	if err != nil {
+		return res, err
+	}
+	if sn.TemplateDigest != sb.TemplateDigest {
+		return res, errdefs.InvalidArgument("snapshot %s is of template %s, sandbox %s runs %s", sid, sn.Template, id, sb.Template)
+	}
+	ctx = context.WithoutCancel(ctx)
+	l.opMu.Lock()
+	defer l.opMu.Unlock()
+	target, err := s.view(ctx, sn)
+	if err != nil {
+		return res, err
+	}
+	// The sandbox as it is now: its writable layer, over the template.
+	exp, ok := l.inst.(driver.UpperExporter)
+	if !ok {
+		return res, errdefs.NotSupported("driver %s cannot export its filesystem", sb.Driver)
+	}
+	curID := "tmp-" + newSnapshotID()
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(exp.ExportUpper(ctx, pw)) }()
+	upper, err := s.snaps.Store.PutTar(ctx, curID, pr, snapshot.Meta{})
+	pr.CloseWithError(err)
+	if err != nil {
+		return res, err
+	}
+	defer s.snaps.Store.Delete(curID)
+	base, err := s.templateView(ctx, sb.Template, sb.TemplateDigest)
+	if err != nil {
+		return res, err
+	}
+	current := snapshot.Merge(base, upper)
+	selected := func(p string) bool {
+		if len(sel) == 0 {
+			return !internalPath(p)
+		}
+		for _, q := range sel {
+			if p == q || strings.HasPrefix(p, q+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	var removed []string
+	for _, ch := range snapshot.Diff(current, target) {
+		if !selected(ch.Path) {
+			continue
+		}
+		abs := "/" + ch.Path
+		if ch.Kind == snapshot.Removed {
+			// Remove only the top of a removed subtree.
+			if len(removed) > 0 && strings.HasPrefix(ch.Path, removed[len(removed)-1]+"/") {
+				continue
+			}
+			if err := l.agent.Remove(ctx, abs, true); err != nil && !isNotFound(err) {
+				return res, fmt.Errorf("remove %s: %w", abs, err)
+			}
+			removed = append(removed, ch.Path)
+			res.Removed = append(res.Removed, abs)
+			continue
+		}
+		e, _ := target.Lookup(ch.Path)
+		if err := s.writeEntry(ctx, l.agent, target, e); err != nil {
+			return res, fmt.Errorf("restore %s: %w", abs, err)
+		}
+		res.Written = append(res.Written, abs)
+	}
+	if len(sel) > 0 && len(res.Written)+len(res.Removed) == 0 {
+		for _, q := range sel {
+			if _, ok := target.Lookup(q); !ok {
+				if _, ok := current.Lookup(q); !ok {
+					return res, errdefs.NotFound("/%s exists neither in snapshot %s nor in the sandbox", q, sid)
+				}
+			}
+		}
+	}
+	s.log.Info("files restored", "sandbox", id, "snapshot", sid, "written", len(res.Written), "removed", len(res.Removed))
+	return res, nil
+}
+
+// internalPath is what a whole-filesystem restore leaves alone: the
+// kernel's and the platform's own trees.
+func internalPath(p string) bool {
+	for _, pre := range []string{"proc", "sys", "dev", ".space", "tmp/.X11-unix"} {
+		if p == pre || strings.HasPrefix(p, pre+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+type agentFiles interface {
+	WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode, user string) (agentproto.FileInfo, error)
+	Mkdir(ctx context.Context, path, user string) (agentproto.FileInfo, error)
+	Remove(ctx context.Context, path string, recursive bool) error
+	Start(ctx context.Context, req agentproto.StartRequest) (int, error)
+	Events(ctx context.Context, pid int, from uint64, follow bool) (*agentclient.EventStream, error)
+}
+
+// writeEntry recreates one snapshot entry in the sandbox through the agent.
+func (s *Service) writeEntry(ctx context.Context, a agentFiles, m *snapshot.Manifest, e snapshot.FileEntry) error {
+	abs := "/" + e.Path
+	user := "root"
+	if e.UID == 1000 {
+		user = "user"
+	}
+	switch e.Type {
+	case snapshot.TypeDir, snapshot.TypeOpaque:
+		_, err := a.Mkdir(ctx, abs, user)
+		return err
+	case snapshot.TypeSymlink:
+		pid, err := a.Start(ctx, agentproto.StartRequest{Cmd: []string{"ln", "-sfn", e.Link, abs}, User: "root"})
+		if err != nil {
+			return err
+		}
+		ev, err := a.Events(ctx, pid, 1, true)
+		if err != nil {
+			return err
+		}
+		defer ev.Close()
+		for {
+			if _, err := ev.Next(); err != nil {
+				return nil
+			}
+		}
+	case snapshot.TypeFile, snapshot.TypeHardlink:
+		rc, _, err := s.snaps.Store.ReadFile(ctx, m, e.Path)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		_, err = a.WriteFile(ctx, abs, rc, os.FileMode(e.Mode&0o7777), user)
+		return err
+	default:
+		return nil // devices, sockets: not restored
+	}
+}
+
+func isNotFound(err error) bool { return errorsIs(err, errdefs.ErrNotFound) }
+
+// CreateFromSnapshot makes a new sandbox from a snapshot: a checkpoint is
+// restored with its processes; a files snapshot becomes a fresh sandbox of
+// its template with the snapshot's files written in.
+func (s *Service) createFromSnapshot(ctx context.Context, c Caller, req CreateRequest) (store.Sandbox, error) {
+	sn, err := s.readySnapshot(ctx, c, req.Snapshot)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	if sn.Kind == KindCheckpoint {
+		image, _, err := s.materialize(ctx, c, sn.ID)
+		if err != nil {
+			return store.Sandbox{}, err
+		}
+		defer os.RemoveAll(image)
+		parent, err := s.store.GetSandbox(ctx, sn.SandboxID)
+		if err != nil {
+			// The original sandbox record is gone: rebuild its shape
+			// from the snapshot.
+			parent = store.Sandbox{ID: sn.SandboxID, Team: sn.Team, Template: sn.Template, TemplateDigest: sn.TemplateDigest,
+				Driver: s.cfg.DefaultDriver, CPU: 1, MemoryMB: 512, TimeoutS: int(s.cfg.DefaultTimeout.Seconds()), OnTimeout: "kill"}
+		}
+		if req.CPU > 0 || req.MemoryMB > 0 {
+			return store.Sandbox{}, errdefs.InvalidArgument("cpu and memory_mb cannot change when restoring a checkpoint")
+		}
+		return s.restoreSandbox(ctx, c, parent, image, req)
+	}
+	req.Template = sn.Template
+	req.Snapshot = ""
+	sb, err := s.Create(ctx, c, req)
+	if err != nil {
+		return sb, err
+	}
+	if sb.TemplateDigest != sn.TemplateDigest {
+		_ = s.Kill(context.WithoutCancel(ctx), c, sb.ID)
+		return store.Sandbox{}, errdefs.Conflict("template %s was rebuilt since snapshot %s", sn.Template, sn.ID)
+	}
+	if _, err := s.RestoreFiles(ctx, c, sb.ID, sn.ID, nil); err != nil {
+		_ = s.Kill(context.WithoutCancel(ctx), c, sb.ID)
+		return store.Sandbox{}, err
+	}
+	return sb, nil
+}

@@ -1,0 +1,361 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/snapshot"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// Snapshot kinds.
+const (
+	KindCheckpoint = "checkpoint" // memory, processes and the writable layer (driver image)
+	KindFiles      = "files"      // the writable layer only, taken without stopping
+)
+
+// filesSuffix names the writable-layer manifest stored beside a
+// checkpoint's image manifest.
+const filesSuffix = ".files"
+
+// Snapshots is the snapshot part of the service's configuration.
+type Snapshots struct {
+	Store *snapshot.Store
+	// Interval between automatic files snapshots of a running sandbox
+	// that changed (0: default 5 min; negative: off).
+	Interval time.Duration
+	// CheckpointOnPause records a checkpoint in the timeline on every pause.
+	CheckpointOnPause bool
+	Retention         snapshot.Policy
+}
+
+// SetSnapshots enables snapshots on the service.
+func (s *Service) SetSnapshots(cfg Snapshots) {
+	if cfg.Interval == 0 {
+		cfg.Interval = 5 * time.Minute
+	}
+	s.snaps = &cfg
+	if cfg.CheckpointOnPause {
+		s.onPause = func(ctx context.Context, sb store.Sandbox) {
+			if _, err := s.takeSnapshot(ctx, sb, KindCheckpoint, "", true); err != nil {
+				s.log.Warn("checkpoint on pause failed", "sandbox", sb.ID, "err", err)
+			}
+		}
+	}
+}
+
+func newSnapshotID() string {
+	b := make([]byte, 10)
+	rand.Read(b)
+	return "snap-" + idEnc.EncodeToString(b)
+}
+
+// SnapshotRequest asks for a snapshot.
+type SnapshotRequest struct {
+	Kind string `json:"kind"`
+	Name string `json:"name"`
+}
+
+// Snapshot takes a snapshot of a running sandbox.
+func (s *Service) Snapshot(ctx context.Context, c Caller, id string, req SnapshotRequest) (store.Snapshot, error) {
+	if s.snaps == nil {
+		return store.Snapshot{}, errdefs.NotSupported("snapshots are not enabled on this server")
+	}
+	if req.Kind == "" {
+		req.Kind = KindCheckpoint
+	}
+	if req.Kind != KindCheckpoint && req.Kind != KindFiles {
+		return store.Snapshot{}, errdefs.InvalidArgument("kind: must be checkpoint or files")
+	}
+	if req.Name != "" && !nameRE.MatchString(req.Name) {
+		return store.Snapshot{}, errdefs.InvalidArgument("name: lowercase letters, digits, '.', '_', '-' (at most 64)")
+	}
+	sb, l, err := s.liveOf(ctx, c, id, StateRunning)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	l.opMu.Lock()
+	defer l.opMu.Unlock()
+	return s.takeSnapshot(context.WithoutCancel(ctx), sb, req.Kind, req.Name, false)
+}
+
+// takeSnapshot records and stores one snapshot; the caller holds the
+// sandbox's opMu. A failure leaves a record with status failed and no
+// manifest.
+func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name string, automatic bool) (store.Snapshot, error) {
+	s.mu.Lock()
+	l := s.live[sb.ID]
+	s.mu.Unlock()
+	if l == nil {
+		return store.Snapshot{}, errdefs.Unavailable("sandbox %s is not attached", sb.ID)
+	}
+	exp, ok := l.inst.(driver.UpperExporter)
+	if !ok {
+		return store.Snapshot{}, errdefs.NotSupported("driver %s cannot export its filesystem", sb.Driver)
+	}
+	var cp driver.Checkpointer
+	if kind == KindCheckpoint {
+		if cp, ok = l.inst.(driver.Checkpointer); !ok {
+			return store.Snapshot{}, errdefs.NotSupported("driver %s cannot checkpoint", sb.Driver)
+		}
+	}
+	parent := ""
+	if prev, err := s.store.ListSnapshots(ctx, sb.ID, store.SnapshotReady); err == nil && len(prev) > 0 {
+		parent = prev[len(prev)-1].ID
+	}
+	rec := store.Snapshot{
+		ID: newSnapshotID(), SandboxID: sb.ID, Team: sb.Team, Kind: kind, Name: name, Parent: parent,
+		Template: sb.Template, TemplateDigest: sb.TemplateDigest, Automatic: automatic,
+		Status: store.SnapshotCreating, CreatedAt: s.now().UTC(),
+	}
+	if err := s.store.CreateSnapshot(ctx, rec); err != nil {
+		return rec, err
+	}
+	fail := func(err error) (store.Snapshot, error) {
+		_ = s.snaps.Store.Delete(rec.ID)
+		_ = s.snaps.Store.Delete(rec.ID + filesSuffix)
+		_ = s.store.FinishSnapshot(ctx, rec.ID, store.SnapshotFailed, err.Error(), 0, 0)
+		s.log.Warn("snapshot failed", "sandbox", sb.ID, "snapshot", rec.ID, "err", err)
+		return rec, err
+	}
+	meta := snapshot.Meta{Kind: snapshot.KindFiles, Parent: parent, Name: name, CreatedAt: rec.CreatedAt,
+		Labels: map[string]string{"sandbox": sb.ID, "template_digest": sb.TemplateDigest}}
+	// The writable layer, streamed from the driver straight into the
+	// chunk store.
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(exp.ExportUpper(ctx, pw)) }()
+	filesID := rec.ID
+	if kind == KindCheckpoint {
+		filesID = rec.ID + filesSuffix
+	}
+	fm, err := s.snaps.Store.PutTar(ctx, filesID, pr, meta)
+	pr.CloseWithError(err)
+	if err != nil {
+		return fail(fmt.Errorf("store writable layer: %w", err))
+	}
+	bytesNew, bytesTotal := fm.BytesNew, fm.BytesTotal
+	if kind == KindCheckpoint {
+		dir, err := os.MkdirTemp(s.tmpDir(), "checkpoint-")
+		if err != nil {
+			return fail(err)
+		}
+		defer os.RemoveAll(dir)
+		if err := cp.Checkpoint(ctx, dir, true); err != nil {
+			return fail(fmt.Errorf("checkpoint: %v: %w", err, errdefs.ErrUnavailable))
+		}
+		meta.Kind = snapshot.KindCheckpoint
+		cm, err := s.snaps.Store.PutDir(ctx, rec.ID, dir, meta)
+		if err != nil {
+			return fail(fmt.Errorf("store checkpoint image: %w", err))
+		}
+		bytesNew += cm.BytesNew
+		bytesTotal += cm.BytesTotal
+	}
+	if err := s.store.FinishSnapshot(ctx, rec.ID, store.SnapshotReady, "", bytesNew, bytesTotal); err != nil {
+		return rec, err
+	}
+	rec.Status, rec.BytesNew, rec.BytesTotal = store.SnapshotReady, bytesNew, bytesTotal
+	s.log.Info("snapshot taken", "sandbox", sb.ID, "snapshot", rec.ID, "kind", kind, "bytes_new", bytesNew, "bytes_total", bytesTotal, "automatic", automatic)
+	return rec, nil
+}
+
+func (s *Service) tmpDir() string {
+	d := filepath.Join(s.cfg.DataDir, "tmp")
+	os.MkdirAll(d, 0o700)
+	return d
+}
+
+// Snapshots lists a sandbox's timeline, oldest first.
+func (s *Service) Snapshots(ctx context.Context, c Caller, id string) ([]store.Snapshot, error) {
+	if _, err := s.get(ctx, c, id); err != nil {
+		// The sandbox record may be gone while its snapshots live on.
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			return nil, err
+		}
+		snaps, lerr := s.store.ListSnapshots(ctx, id, "")
+		if lerr != nil || len(snaps) == 0 || !c.ownsSnapshot(snaps[0]) {
+			return nil, err
+		}
+		return snaps, nil
+	}
+	return s.store.ListSnapshots(ctx, id, "")
+}
+
+func (c Caller) ownsSnapshot(sn store.Snapshot) bool { return c.Admin || sn.Team == c.Team }
+
+// GetSnapshot returns one snapshot the caller owns.
+func (s *Service) GetSnapshot(ctx context.Context, c Caller, sid string) (store.Snapshot, error) {
+	if !strings.HasPrefix(sid, "snap-") || len(sid) > 64 {
+		return store.Snapshot{}, errdefs.NotFound("snapshot %q not found", sid)
+	}
+	sn, err := s.store.GetSnapshot(ctx, sid)
+	if err != nil {
+		return sn, err
+	}
+	if !c.ownsSnapshot(sn) {
+		return store.Snapshot{}, errdefs.NotFound("snapshot %q not found", sid)
+	}
+	return sn, nil
+}
+
+func (s *Service) readySnapshot(ctx context.Context, c Caller, sid string) (store.Snapshot, error) {
+	sn, err := s.GetSnapshot(ctx, c, sid)
+	if err != nil {
+		return sn, err
+	}
+	if sn.Status != store.SnapshotReady {
+		return sn, errdefs.Conflict("snapshot %s is %s", sid, sn.Status)
+	}
+	return sn, nil
+}
+
+// DeleteSnapshot removes a snapshot; its chunks are freed by the next GC
+// unless other snapshots share them.
+func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, sid string) error {
+	sn, err := s.GetSnapshot(ctx, c, sid)
+	if err != nil {
+		return err
+	}
+	return s.dropSnapshot(ctx, sn)
+}
+
+func (s *Service) dropSnapshot(ctx context.Context, sn store.Snapshot) error {
+	for _, id := range []string{sn.ID, sn.ID + filesSuffix} {
+		if err := s.snaps.Store.Delete(id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return err
+		}
+	}
+	return s.store.DeleteSnapshot(ctx, sn.ID)
+}
+
+// templateView returns the manifest of a template's root filesystem,
+// ingesting it into the chunk store the first time any snapshot of that
+// template needs a full view (every sandbox of the template then shares
+// those chunks).
+func (s *Service) templateView(ctx context.Context, name, digest string) (*snapshot.Manifest, error) {
+	id := "tpl-" + digest
+	if m, err := s.snaps.Store.Open(id); err == nil {
+		return m, nil
+	}
+	s.tplMu.Lock()
+	defer s.tplMu.Unlock()
+	if m, err := s.snaps.Store.Open(id); err == nil {
+		return m, nil
+	}
+	tpl, err := s.store.GetTemplate(ctx, name)
+	if err != nil || tpl.Digest != digest {
+		return nil, errdefs.Unavailable("template %s (%s) is no longer available for a full view", name, digest[:min(12, len(digest))])
+	}
+	start := s.now()
+	m, err := s.snaps.Store.PutDir(ctx, id, tpl.Path, snapshot.Meta{Kind: snapshot.KindFiles, Labels: map[string]string{"template": name}})
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("template indexed for snapshots", "template", name, "bytes", m.BytesTotal, "ms", s.now().Sub(start).Milliseconds())
+	return m, nil
+}
+
+// view returns the full filesystem of a snapshot: its writable layer over
+// its template.
+func (s *Service) view(ctx context.Context, sn store.Snapshot) (*snapshot.Manifest, error) {
+	filesID := sn.ID
+	if sn.Kind == KindCheckpoint {
+		filesID = sn.ID + filesSuffix
+	}
+	upper, err := s.snaps.Store.Open(filesID)
+	if err != nil {
+		return nil, err
+	}
+	base, err := s.templateView(ctx, sn.Template, sn.TemplateDigest)
+	if err != nil {
+		return nil, err
+	}
+	return snapshot.Merge(base, upper), nil
+}
+
+// SnapshotFile is one file or directory listing read from a snapshot.
+type SnapshotFile struct {
+	Entry   snapshot.FileEntry
+	Content io.ReadCloser        // for a file
+	List    []snapshot.FileEntry // for a directory
+}
+
+// ReadSnapshotPath reads a file, or lists a directory, of a snapshot.
+func (s *Service) ReadSnapshotPath(ctx context.Context, c Caller, sid, p string) (SnapshotFile, error) {
+	p, err := cleanPath(p)
+	if err != nil {
+		return SnapshotFile{}, err
+	}
+	sn, err := s.readySnapshot(ctx, c, sid)
+	if err != nil {
+		return SnapshotFile{}, err
+	}
+	m, err := s.view(ctx, sn)
+	if err != nil {
+		return SnapshotFile{}, err
+	}
+	rel := strings.TrimPrefix(p, "/")
+	if rel == "" {
+		return SnapshotFile{Entry: snapshot.FileEntry{Path: "", Type: snapshot.TypeDir}, List: snapshot.ListDir(m, "")}, nil
+	}
+	e, ok := m.Lookup(rel)
+	if !ok {
+		return SnapshotFile{}, errdefs.NotFound("%s not found in snapshot %s", p, sid)
+	}
+	if e.IsDir() {
+		return SnapshotFile{Entry: e, List: snapshot.ListDir(m, rel)}, nil
+	}
+	rc, e, err := s.snaps.Store.ReadFile(ctx, m, rel)
+	if err != nil {
+		return SnapshotFile{}, err
+	}
+	return SnapshotFile{Entry: e, Content: rc}, nil
+}
+
+// DiffSnapshots lists what changed between two snapshots of the caller.
+func (s *Service) DiffSnapshots(ctx context.Context, c Caller, from, to string) ([]snapshot.Change, error) {
+	a, err := s.readySnapshot(ctx, c, from)
+	if err != nil {
+		return nil, err
+	}
+	b, err := s.readySnapshot(ctx, c, to)
+	if err != nil {
+		return nil, err
+	}
+	ma, err := s.view(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	mb, err := s.view(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	return snapshot.Diff(ma, mb), nil
+}
+
+// VerifySnapshot re-hashes every chunk of a snapshot.
+func (s *Service) VerifySnapshot(ctx context.Context, c Caller, sid string) error {
+	sn, err := s.readySnapshot(ctx, c, sid)
+	if err != nil {
+		return err
+	}
+	ids := []string{sn.ID}
+	if sn.Kind == KindCheckpoint {
+		ids = append(ids, sn.ID+filesSuffix)
+	}
+	for _, id := range ids {
+		if err := s.snaps.Store.Verify(ctx, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}

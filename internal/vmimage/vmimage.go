@@ -1,0 +1,102 @@
+// Package vmimage owns what VM drivers boot: the guest kernel (the
+// uncompressed vmlinux extracted from Debian's linux-image-cloud-amd64), the
+// initramfs (space-agent as /init plus the virtio modules it loads) and the
+// template's root filesystem as a raw ext4 image.
+//
+// Every artifact is cached under a cache directory by the digest of its
+// inputs. A build happens in a temporary file renamed into place, under an
+// flock per artifact, so concurrent processes sharing the cache build once
+// and never see a half-written file.
+package vmimage
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// cached returns <dir>/<name>, building it with build(tmpPath) unless it
+// exists. build writes tmpPath; it is renamed to the final name on success.
+func cached(ctx context.Context, dir, name string, build func(tmp string) error) (string, error) {
+	final := filepath.Join(dir, name)
+	if _, err := os.Stat(final); err == nil {
+		return final, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("vmimage cache: %w", err)
+	}
+	unlock, err := lockFile(ctx, final+".lock")
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if _, err := os.Stat(final); err == nil {
+		return final, nil // built by another process while we waited
+	}
+	tmp := fmt.Sprintf("%s.tmp-%d", final, os.Getpid())
+	_ = os.RemoveAll(tmp)
+	if err := build(tmp); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", fmt.Errorf("vmimage cache: %w", err)
+	}
+	return final, nil
+}
+
+// lockFile takes an exclusive flock on path, polling so that ctx can cancel
+// the wait. The lock file is never removed (a waiter may hold it open).
+func lockFile(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("vmimage lock: %w", err)
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() {
+				syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+				f.Close()
+			}, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("vmimage lock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("waiting for vmimage lock: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// fileDigest is the hex SHA-256 of a file's content.
+func fileDigest(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return !errors.Is(err, fs.ErrNotExist)
+}
