@@ -1,7 +1,6 @@
 package snapshot
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -49,5 +48,4 @@ func BenchmarkStore(b *testing.B) {
 			}
 		}
 	})
-	_ = bytes.MinRead
 }

@@ -109,9 +109,12 @@ func (s *Store) GC(ctx context.Context) (GCStats, error) {
 		if err := ctx.Err(); err != nil {
 			return st, err
 		}
-		m, err := s.Open(id)
-		if err != nil {
-			return st, fmt.Errorf("gc: %w", err)
+		m := s.cache.get(id)
+		if m == nil {
+			var err error
+			if m, err = s.load(id); err != nil { // not cached: a sweep would evict the hot ones
+				return st, fmt.Errorf("gc: %w", err)
+			}
 		}
 		for _, e := range m.Entries {
 			for _, c := range e.Chunks {

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -280,5 +281,32 @@ func TestListAndOpen(t *testing.T) {
 	}
 	if si := list[1].SnapInfo(); !si.Named || si.Kind != KindFiles {
 		t.Errorf("SnapInfo = %+v", si)
+	}
+
+	// Open caches; Delete forgets.
+	m1, _ := s.Open("a")
+	m2, _ := s.Open("a")
+	if m1 != m2 {
+		t.Error("Open did not reuse the cached manifest")
+	}
+	s.Delete("a")
+	if _, err := s.Open("a"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Open after Delete: %v", err)
+	}
+	os.WriteFile(s.manifestPath("junk"), []byte("{"), 0o600)
+	if _, err := s.Open("junk"); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("Open junk: %v", err)
+	}
+}
+
+func TestPutCanceled(t *testing.T) {
+	s := newStore(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := s.PutTar(ctx, "c", bytes.NewReader(mkTar(t, file("f", randBytes(1, 1<<20)))), Meta{}); !errors.Is(err, context.Canceled) {
+		t.Errorf("PutTar with canceled context: %v", err)
+	}
+	if _, err := s.Open("c"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("canceled Put left a snapshot: %v", err)
 	}
 }

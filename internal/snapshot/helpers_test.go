@@ -76,6 +76,28 @@ func mkTar(t testing.TB, items ...item) []byte {
 	return buf.Bytes()
 }
 
+// streamTar is mkTar without the buffer: the stream is written by a
+// goroutine as it is read.
+func streamTar(items ...item) io.Reader {
+	pr, pw := io.Pipe()
+	go func() {
+		tw := tar.NewWriter(pw)
+		for _, it := range items {
+			h := it.hdr
+			if err := tw.WriteHeader(&h); err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+			if _, err := tw.Write(it.data); err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+		}
+		pw.CloseWithError(tw.Close())
+	}()
+	return pr
+}
+
 // tarEntry is a parsed tar entry with a hash of its body.
 type tarEntry struct {
 	hdr  tar.Header

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -232,10 +233,26 @@ func (s *Store) commitManifest(m *Manifest) error {
 }
 
 // Open returns the manifest of snapshot id, or errdefs.ErrNotFound.
+// Recently opened manifests are cached (a template's can hold tens of
+// thousands of entries): the result is shared and must be treated as
+// read-only.
 func (s *Store) Open(id string) (*Manifest, error) {
 	if err := validID(id); err != nil {
 		return nil, err
 	}
+	if m := s.cache.get(id); m != nil {
+		return m, nil
+	}
+	m, err := s.load(id)
+	if err != nil {
+		return nil, err
+	}
+	s.cache.put(id, m)
+	return m, nil
+}
+
+// load reads and decodes a manifest file.
+func (s *Store) load(id string) (*Manifest, error) {
 	data, err := os.ReadFile(s.manifestPath(id))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -348,6 +365,7 @@ func (s *Store) Delete(id string) error {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	s.cache.drop(id)
 	if err := os.Remove(s.manifestPath(id)); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return errdefs.NotFound("snapshot %s not found", id)
@@ -358,4 +376,51 @@ func (s *Store) Delete(id string) error {
 		return fmt.Errorf("snapshot %s: delete: %w", id, err)
 	}
 	return nil
+}
+
+// manifestCache keeps the last few decoded manifests. Committed manifests
+// never change (ids are never reused while one exists), and this process
+// alone writes the store, so an entry is valid until Delete drops it.
+type manifestCache struct {
+	mu    sync.Mutex
+	order []string // least recently used first
+	byID  map[string]*Manifest
+}
+
+const manifestCacheSize = 16
+
+func (c *manifestCache) get(id string) *Manifest {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.byID[id]
+	if m != nil {
+		c.touchLocked(id)
+	}
+	return m
+}
+
+func (c *manifestCache) put(id string, m *Manifest) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byID == nil {
+		c.byID = map[string]*Manifest{}
+	}
+	if _, ok := c.byID[id]; !ok && len(c.order) == manifestCacheSize {
+		delete(c.byID, c.order[0])
+		c.order = c.order[1:]
+	}
+	c.byID[id] = m
+	c.touchLocked(id)
+}
+
+func (c *manifestCache) drop(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.byID, id)
+	c.order = slices.DeleteFunc(c.order, func(x string) bool { return x == id })
+}
+
+func (c *manifestCache) touchLocked(id string) {
+	c.order = slices.DeleteFunc(c.order, func(x string) bool { return x == id })
+	c.order = append(c.order, id)
 }

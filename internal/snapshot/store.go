@@ -26,11 +26,15 @@
 // # Crash safety
 //
 // Every file is written to a dot-prefixed "*.tmp" file in its final
-// directory, fsynced, renamed (or, for manifests, hard-linked so an existing
-// snapshot is never replaced) into place, and the directory fsynced. A
-// snapshot exists only once its manifest is in place; chunks written by an
-// interrupted Put are garbage that GC removes, and temp files are never read
-// as snapshots.
+// directory, fsynced and renamed into place (a manifest is hard-linked
+// instead, so an existing snapshot is never replaced). A Put fsyncs the
+// chunk directories it added to once, before it commits its manifest, and
+// then the manifest directory. A snapshot exists only once its manifest is
+// in place; chunks written by an interrupted Put are garbage that GC
+// removes, and temp files are never read as snapshots.
+//
+// Every manifest lists all of its chunks: snapshots share chunks but never
+// depend on one another, so deleting any of them is always safe.
 //
 // # Concurrency
 //
@@ -80,6 +84,8 @@ type Store struct {
 
 	enc *zstd.Encoder
 	dec *zstd.Decoder
+
+	cache manifestCache
 
 	now          func() time.Time
 	staleTempAge time.Duration
