@@ -45,6 +45,8 @@ type Agent struct {
 	handler http.Handler
 
 	mu        sync.Mutex
+	sess      *yamux.Session // the current host session (nil between sessions)
+	egressLn  net.Listener
 	procs     map[int]*process
 	initEnv   map[string]string
 	sandboxID string
@@ -124,6 +126,16 @@ func (a *Agent) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
 		return err
 	}
 	defer sess.Close()
+	a.mu.Lock()
+	a.sess = sess
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		if a.sess == sess {
+			a.sess = nil
+		}
+		a.mu.Unlock()
+	}()
 	srv := &http.Server{
 		Handler:           a.handler,
 		ReadHeaderTimeout: time.Minute,

@@ -136,6 +136,12 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 			a.log.Warn("seed entropy", "err", err)
 		}
 	}
+	if req.Egress != nil {
+		if err := a.startEgress(*req.Egress); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
 	a.mu.Lock()
 	a.sandboxID, a.initEnv = req.SandboxID, req.Env
 	a.mu.Unlock()

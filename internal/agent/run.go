@@ -19,7 +19,7 @@ func Run(args []string) int {
 	connect := fs.String("connect", "", "dial the host at `addr` (unix:/path) and serve sessions on it, redialing forever")
 	listen := fs.String("listen", "", "listen on `addr` (unix:/path) and serve every connection (for local testing)")
 	stdio := fs.Bool("stdio", false, "serve one session over stdin/stdout")
-	serial := fs.String("serial", "", "serve sessions on the serial port at `path` (virtio-serial, e.g. /dev/vport0p1)")
+	serial := fs.String("serial", "", "serve sessions on the serial port at `path` (virtio-serial, e.g. /dev/virtio-ports/agent)")
 	vmInitMode := fs.Bool("init", false, "run as a VM's init (PID 1 of the initramfs): mount the root disk and switch to it first")
 	user := fs.String("user", "user", "default user for processes and files")
 	home := fs.String("home", "/home/user", "directory relative paths are resolved against")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -35,13 +36,35 @@ const (
 	serialStart = "SPACE-HOST-START "
 )
 
-// Serial returns a Transport over the serial port device at path (for
-// example /dev/vport0p1). It yields one session at a time: the next one
-// after the previous connection was closed and a host handshook anew.
+// Serial returns a Transport over the serial port device at path. A path
+// /dev/virtio-ports/<name> (the udev convention) is resolved through
+// /sys/class/virtio-ports when no udev made the link: the kernel's own
+// node name (vport<device>p<port>) depends on device probe order. It
+// yields one session at a time: the next one after the previous connection
+// was closed and a host handshook anew.
 func Serial(path string) Transport {
 	return &serialTransport{open: func() (io.ReadWriteCloser, error) {
-		return os.OpenFile(path, os.O_RDWR, 0)
+		return os.OpenFile(resolvePort(path), os.O_RDWR, 0)
 	}}
+}
+
+// resolvePort maps /dev/virtio-ports/<name> to /dev/vportXpY by the port
+// names in sysfs, unless the path exists.
+func resolvePort(path string) string {
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	dir, name := filepath.Split(path)
+	if filepath.Clean(dir) != "/dev/virtio-ports" {
+		return path
+	}
+	names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+	for _, n := range names {
+		if b, err := os.ReadFile(n); err == nil && strings.TrimSpace(string(b)) == name {
+			return "/dev/" + filepath.Base(filepath.Dir(n))
+		}
+	}
+	return path
 }
 
 type serialTransport struct {

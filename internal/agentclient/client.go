@@ -8,6 +8,7 @@
 package agentclient
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -18,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,7 +38,13 @@ type Client struct {
 	cur     *session
 	dialing *dialCall
 	closed  bool
+	streams StreamHandler // agent-initiated streams; nil: refused
+	keeping bool          // a keeper goroutine holds a session open
 }
+
+// StreamHandler serves one stream the agent opened (kind is the stream's
+// first line, e.g. agentproto.StreamEgress). It owns c.
+type StreamHandler func(kind string, c net.Conn)
 
 // session is one yamux session with the HTTP client bound to it; a dead
 // session's pooled streams die with its transport.
@@ -154,8 +162,81 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 		ReadBufferSize:      64 << 10,
 	}
 	c.log.Debug("agent session started")
+	c.mu.Lock()
+	h := c.streams
+	c.mu.Unlock()
+	if h != nil {
+		go c.acceptStreams(ys, h)
+	}
 	return &session{ys: ys, tr: tr, hc: &http.Client{Transport: tr}}, nil
 }
+
+// HandleStreams serves streams the agent opens (the egress tunnel) with h,
+// and from now on keeps a session to the agent up at all times, redialing
+// as soon as one breaks, so the agent always has a way to reach the host.
+func (c *Client) HandleStreams(h StreamHandler) {
+	c.mu.Lock()
+	c.streams = h
+	if cur := c.cur; cur != nil {
+		go c.acceptStreams(cur.ys, h)
+	}
+	start := !c.keeping
+	c.keeping = true
+	c.mu.Unlock()
+	if start {
+		go c.keep()
+	}
+}
+
+// keep re-establishes the session whenever it dies, until Close.
+func (c *Client) keep() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for {
+		c.mu.Lock()
+		closed := c.closed
+		c.mu.Unlock()
+		if closed {
+			return
+		}
+		dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
+		s, err := c.session(dctx)
+		dcancel()
+		if err != nil {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		<-s.ys.CloseChan()
+	}
+}
+
+func (c *Client) acceptStreams(ys *yamux.Session, h StreamHandler) {
+	for {
+		st, err := ys.AcceptStream()
+		if err != nil {
+			return
+		}
+		go func() {
+			st.SetReadDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReaderSize(st, 64)
+			line, err := br.ReadSlice('\n')
+			if err != nil {
+				st.Close()
+				return
+			}
+			st.SetReadDeadline(time.Time{})
+			h(strings.TrimSpace(string(line)), &bufferedConn{Conn: st, r: br})
+		}()
+	}
+}
+
+// bufferedConn is a stream whose first bytes were read into r.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 
 func yamuxConfig() *yamux.Config {
 	cfg := yamux.DefaultConfig()

@@ -54,7 +54,26 @@ type InitRequest struct {
 	Time time.Time `json:"time,omitempty"`
 	// Seed, when set, is mixed into the guest's entropy pool.
 	Seed []byte `json:"seed,omitempty"`
+	// Egress, when set, turns on the sandbox's only way out: a local
+	// proxy endpoint whose connections the agent tunnels to the host.
+	Egress *EgressInit `json:"egress,omitempty"`
 }
+
+// EgressInit configures the in-sandbox end of the egress tunnel.
+type EgressInit struct {
+	// Listen is the loopback address processes reach the proxy at
+	// ("127.0.0.1:3128"); HTTP(S)_PROXY in Env point there.
+	Listen string `json:"listen"`
+	// CACertPEM is the sandbox's own egress CA certificate (never its
+	// key), added to the system trust store for TLS interception.
+	CACertPEM string `json:"ca_cert_pem,omitempty"`
+}
+
+// Agent-initiated streams: the agent opens a yamux stream to the host and
+// writes one line naming its kind, then the stream carries raw bytes.
+const (
+	StreamEgress = "egress" // one TCP connection to the egress proxy
+)
 
 // StartRequest starts a process. Exactly one of Cmd and Shell is set: Cmd is
 // an argv executed directly (Cmd[0] looked up in PATH), Shell is run with

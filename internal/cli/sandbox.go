@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,6 +27,9 @@ func (a *app) createCommand() *cobra.Command {
 		Short: "Create a sandbox and print its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if req.Snapshot != "" && req.Template != "" {
+				return usageError(cmd, "give --template or --from-snapshot, not both")
+			}
 			var err error
 			if req.Env, err = parseKV("env", env); err != nil {
 				return err
@@ -50,7 +54,9 @@ func (a *app) createCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&req.Template, "template", "", "template to create from (server default: base)")
-	f.IntVar(&req.TimeoutS, "timeout", 0, "seconds until the sandbox is killed (server default: 300)")
+	f.StringVar(&req.Snapshot, "from-snapshot", "", "create from this snapshot (a checkpoint resumes its processes; a files snapshot boots its template with those files); excludes --template")
+	f.IntVar(&req.TimeoutS, "timeout", 0, "seconds until the --on-timeout action (server default: 300)")
+	f.StringVar(&req.OnTimeout, "on-timeout", "", "what happens at the timeout: kill or pause (server default: kill)")
 	f.StringArrayVar(&env, "env", nil, "environment variable KEY=VALUE for every process (repeatable)")
 	f.StringArrayVar(&meta, "metadata", nil, "metadata KEY=VALUE (repeatable)")
 	f.IntVar(&req.CPU, "cpu", 0, "vCPUs")
@@ -153,6 +159,44 @@ func (a *app) timeoutCommand() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(a.stdout, "%s expires at %s\n", sb.ID, fmtTime(sb.ExpiresAt))
+			return nil
+		},
+	}
+}
+
+func (a *app) pauseCommand() *cobra.Command {
+	return a.stateCommand("pause", "Pause a running sandbox (its processes stop until resume)", (*space.Client).PauseSandbox)
+}
+
+func (a *app) resumeCommand() *cobra.Command {
+	return a.stateCommand("resume", "Resume a paused sandbox", (*space.Client).ResumeSandbox)
+}
+
+// stateCommand is a verb that moves sandboxes to another state and prints
+// each one's new state.
+func (a *app) stateCommand(verb, short string, op func(*space.Client, context.Context, string) (*space.Sandbox, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   verb + " <id>...",
+		Short: short,
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			failed := 0
+			for _, id := range ids {
+				sb, err := op(c, cmd.Context(), id)
+				if err != nil {
+					fmt.Fprintf(a.stderr, "space: %s: %s\n", id, a.explain(err))
+					failed++
+					continue
+				}
+				fmt.Fprintf(a.stdout, "%s %s\n", sb.ID, sb.State)
+			}
+			if failed > 0 {
+				return exitCode(1)
+			}
 			return nil
 		},
 	}

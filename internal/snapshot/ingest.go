@@ -368,6 +368,13 @@ func (p *putter) readTar(r io.Reader) ([]FileEntry, error) {
 				return nil, errdefs.InvalidArgument("bad hardlink %q -> %q", hdr.Name, hdr.Linkname)
 			}
 			e.Type, e.Link = TypeHardlink, target
+			if i, ok := index[target]; ok && entries[i].Type == TypeWhiteout {
+				// Every overlay whiteout is the same 0:0 device inode,
+				// so tar writers (runsc's among them) emit all but the
+				// first as hard links to it: a deletion all the same.
+				e.Type, e.Link, e.Mode, e.Xattrs = TypeWhiteout, "", 0, nil
+				break
+			}
 			if i, ok := index[target]; ok && (entries[i].Type == TypeFile || entries[i].Type == TypeHardlink) {
 				e.Size, e.Chunks = entries[i].Size, entries[i].Chunks
 				if entries[i].Type == TypeHardlink {

@@ -33,6 +33,7 @@ type Sandbox struct {
 	CPU       int               `json:"cpu"`
 	MemoryMB  int               `json:"memory_mb"`
 	TimeoutS  int               `json:"timeout_s"`
+	OnTimeout string            `json:"on_timeout,omitempty"` // "kill" or "pause"
 	Metadata  map[string]string `json:"metadata"`
 	CreatedAt time.Time         `json:"created_at"`
 	ExpiresAt time.Time         `json:"expires_at"`
@@ -43,12 +44,15 @@ type Sandbox struct {
 // server's defaults.
 type CreateSandboxRequest struct {
 	Template  string            `json:"template,omitempty"`   // default "base"
-	TimeoutS  int               `json:"timeout_s,omitempty"`  // seconds until the sandbox is killed
-	OnTimeout string            `json:"on_timeout,omitempty"` // "kill"
+	TimeoutS  int               `json:"timeout_s,omitempty"`  // seconds until OnTimeout happens
+	OnTimeout string            `json:"on_timeout,omitempty"` // "kill" (default) or "pause"
 	Env       map[string]string `json:"env,omitempty"`        // environment of every process
 	Metadata  map[string]string `json:"metadata,omitempty"`   // free-form labels, filterable in lists
 	CPU       int               `json:"cpu,omitempty"`
 	MemoryMB  int               `json:"memory_mb,omitempty"`
+	// Snapshot, when set, creates the sandbox from that snapshot (its
+	// template is the snapshot's; Template must then be empty).
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // CreateSandbox creates and starts a sandbox. It returns when the sandbox is

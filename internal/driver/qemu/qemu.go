@@ -1,0 +1,628 @@
+// Package qemu runs each sandbox as a QEMU microvm: its own guest kernel
+// (Debian's cloud kernel, booted uncompressed through PVH), no NIC, the
+// template's root filesystem as a shared read-only raw ext4 image behind a
+// per-sandbox qcow2 overlay in the sandbox's state directory, and
+// space-agent as PID 1 (the initramfs's /init, in --init mode).
+//
+// The agent speaks the usual protocol over a virtio-serial port whose host
+// end is a unix socket QEMU listens on (<state>/agent.sock). QEMU serves
+// one client at a time, so DialAgent closes the connection it handed out
+// before and a session handshake (see agentconn.go) separates sessions on
+// the port. Pause/resume are QMP stop/cont; checkpoint is a migration to a
+// file, restore an incoming migration (checkpoint.go).
+//
+// QEMU runs daemonized in its own session, not as a child of the server: a
+// server restart leaves VMs running, and Recover re-attaches by pid and QMP
+// socket from the Handle. The accelerator is KVM only where a probe boot
+// under KVM succeeds, TCG otherwise (accel.go).
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/vmimage"
+)
+
+// Name is the driver's registry name.
+const Name = "qemu"
+
+// Config configures the QEMU driver.
+type Config struct {
+	QEMU    string // qemu-system-x86_64 (looked up on PATH when empty)
+	QEMUImg string // qemu-img (looked up on PATH when empty)
+	// CacheDir holds the extracted kernel and the initramfs builds
+	// (internal/vmimage).
+	CacheDir string
+	// Accel forces "kvm" or "tcg"; empty probes (KVM only if a guest
+	// really boots under it).
+	Accel string
+	Log   *slog.Logger
+}
+
+// Driver implements driver.Driver with QEMU microvms.
+type Driver struct {
+	cfg        Config
+	log        *slog.Logger
+	accel      string
+	kernel     string // uncompressed vmlinux
+	modulesDir string
+	tscKHz     int
+}
+
+var (
+	_ driver.Driver       = (*Driver)(nil)
+	_ driver.Restorer     = (*Driver)(nil)
+	_ driver.Instance     = (*Instance)(nil)
+	_ driver.Detacher     = (*Instance)(nil)
+	_ driver.Checkpointer = (*Instance)(nil)
+)
+
+// New finds QEMU and the guest kernel and chooses the accelerator.
+// Errors: errdefs.ErrUnavailable naming what is missing and how to get it.
+func New(ctx context.Context, cfg Config) (*Driver, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	var err error
+	if cfg.QEMU == "" {
+		if cfg.QEMU, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+			return nil, errdefs.Unavailable("qemu: qemu-system-x86_64 not found: apt-get install -y qemu-system-x86")
+		}
+	}
+	if cfg.QEMUImg == "" {
+		if cfg.QEMUImg, err = exec.LookPath("qemu-img"); err != nil {
+			return nil, errdefs.Unavailable("qemu: qemu-img not found: apt-get install -y qemu-utils")
+		}
+	}
+	if cfg.CacheDir == "" {
+		return nil, errdefs.InvalidArgument("qemu: no cache dir configured")
+	}
+	d := &Driver{cfg: cfg, log: cfg.Log.With("driver", Name)}
+	if d.kernel, d.modulesDir, err = vmimage.Kernel(ctx, cfg.CacheDir); err != nil {
+		return nil, err
+	}
+	d.tscKHz = hostTSCkHz()
+	switch cfg.Accel {
+	case AccelKVM, AccelTCG:
+		d.accel = cfg.Accel
+	case "":
+		var why string
+		d.accel, why = probeAccel(ctx, cfg.QEMU, d.kernel)
+		d.log.Info("qemu accelerator", "accel", d.accel, "why", why)
+	default:
+		return nil, errdefs.InvalidArgument("qemu: unknown accelerator %q", cfg.Accel)
+	}
+	return d, nil
+}
+
+// Name implements driver.Driver.
+func (d *Driver) Name() string { return Name }
+
+// Accel is the accelerator in use ("kvm" or "tcg").
+func (d *Driver) Accel() string { return d.accel }
+
+// Capabilities implements driver.Driver.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
+		Isolation:   "vm",
+		Features:    []string{driver.CapPause, driver.CapCheckpoint, driver.CapRestore, driver.CapFork},
+		Accelerator: d.accel,
+	}
+}
+
+var idRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$`)
+
+// handleData is what Recover needs beyond the id.
+type handleData struct {
+	StateDir string `json:"state_dir"`
+	Pid      int    `json:"pid,omitempty"`
+}
+
+// machine is everything that shapes the VM's hardware and boot. A restore
+// must reproduce it exactly, so a checkpoint stores it (checkpoint.go).
+type machine struct {
+	Accel     string `json:"accel"`
+	VCPU      int    `json:"vcpu"`
+	MemoryMB  int    `json:"memory_mb"`
+	Kernel    string `json:"kernel"`
+	Initramfs string `json:"initramfs"`
+	Cmdline   string `json:"cmdline"`
+}
+
+func (d *Driver) normalize(spec *driver.Spec) error {
+	if !idRE.MatchString(spec.ID) {
+		return errdefs.InvalidArgument("qemu: invalid sandbox id %q", spec.ID)
+	}
+	if spec.StateDir == "" || !filepath.IsAbs(spec.StateDir) {
+		return errdefs.InvalidArgument("qemu: state dir must be an absolute path")
+	}
+	if spec.RootfsKind != "raw" {
+		return errdefs.InvalidArgument("qemu: rootfs must be a raw disk image, got kind %q", spec.RootfsKind)
+	}
+	if fi, err := os.Stat(spec.Rootfs); err != nil || !fi.Mode().IsRegular() {
+		return errdefs.InvalidArgument("qemu: rootfs image %s: %v", spec.Rootfs, err)
+	}
+	if _, err := os.Stat(spec.AgentPath); err != nil {
+		return errdefs.Unavailable("qemu: agent binary: %v", err)
+	}
+	if spec.VCPU <= 0 {
+		spec.VCPU = 1
+	}
+	if spec.MemoryMB <= 0 {
+		spec.MemoryMB = 512
+	}
+	if spec.MemoryMB < 128 {
+		return errdefs.InvalidArgument("qemu: %d MiB of memory is too little for a VM (minimum 128)", spec.MemoryMB)
+	}
+	if spec.Hostname == "" {
+		spec.Hostname = "sandbox"
+	}
+	if !idRE.MatchString(spec.Hostname) {
+		return errdefs.InvalidArgument("qemu: invalid hostname %q", spec.Hostname)
+	}
+	return nil
+}
+
+// Create implements driver.Driver: the state dir, the sandbox's qcow2
+// overlay over the template image, and the initramfs (cached). QEMU starts
+// in Start.
+func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instance, err error) {
+	if err := d.normalize(&spec); err != nil {
+		return nil, err
+	}
+	inst := d.newInstance(spec.ID, spec.StateDir)
+	defer func() {
+		if err != nil {
+			_ = inst.Destroy(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("qemu: state dir: %w", err)
+	}
+	initrd, err := vmimage.Initramfs(ctx, d.cfg.CacheDir, d.modulesDir, spec.AgentPath)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.qemuImg(ctx, "create", "-q", "-f", "qcow2", "-b", spec.Rootfs, "-F", "raw", inst.diskPath()); err != nil {
+		return nil, err
+	}
+	inst.machine = machine{
+		Accel: d.accel, VCPU: spec.VCPU, MemoryMB: spec.MemoryMB,
+		Kernel: d.kernel, Initramfs: initrd, Cmdline: d.cmdline(spec.Hostname),
+	}
+	if err := writeJSON(inst.machinePath(), inst.machine); err != nil {
+		return nil, err
+	}
+	return inst, nil
+}
+
+// cmdline is the guest kernel's command line: trimmed for a fast boot, the
+// console on the serial port (a log file on the host), the agent as init.
+func (d *Driver) cmdline(hostname string) string {
+	args := []string{
+		"console=ttyS0", "quiet", "loglevel=4", "panic=-1", "reboot=t",
+		"tsc=reliable", "no_timer_check", "mitigations=off", "cryptomgr.notests",
+		"random.trust_cpu=on", "8250.nr_uarts=1", "i8042.noaux", "i8042.nomux", "i8042.nopnp",
+		"rdinit=/init", "space.root=/dev/vda", "space.hostname=" + hostname,
+	}
+	if d.accel == AccelTCG && d.tscKHz > 0 {
+		// microvm under TCG hangs calibrating the TSC without it.
+		args = append(args, "tsc_early_khz="+strconv.Itoa(d.tscKHz))
+	}
+	return strings.Join(append(args, "--", "--init", "--serial", "/dev/virtio-ports/agent"), " ")
+}
+
+// qemuArgs is QEMU's command line for inst's machine; incoming, when set,
+// is a migration URI to restore from.
+func (i *Instance) qemuArgs(incoming string) []string {
+	m := i.machine
+	cpu := "max"
+	if m.Accel == AccelKVM {
+		cpu = "host"
+	}
+	args := []string{
+		"-name", "space-" + i.id,
+		"-M", "microvm,accel=" + m.Accel + ",acpi=on",
+		"-cpu", cpu,
+		"-smp", strconv.Itoa(m.VCPU),
+		"-m", strconv.Itoa(m.MemoryMB),
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-kernel", m.Kernel, "-initrd", m.Initramfs, "-append", m.Cmdline,
+		"-chardev", "file,id=console,path=" + i.consolePath(),
+		"-serial", "chardev:console",
+		"-drive", "id=root,if=none,format=qcow2,file=" + i.diskPath() + ",discard=unmap",
+		"-device", "virtio-blk-device,drive=root",
+		"-device", "virtio-serial-device",
+		"-chardev", "socket,id=agent,path=" + i.agentSock() + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=agent",
+		"-qmp", "unix:" + i.qmpSock() + ",server=on,wait=off",
+		"-pidfile", i.pidPath(),
+		"-daemonize",
+	}
+	if incoming != "" {
+		args = append(args, "-incoming", incoming)
+	}
+	return args
+}
+
+// Recover implements driver.Driver: the QEMU process named by the handle
+// must still run (and be this sandbox's: its command line names the state
+// dir) and answer on QMP.
+func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance, error) {
+	if h.Driver != Name {
+		return nil, errdefs.InvalidArgument("qemu: handle is for driver %q", h.Driver)
+	}
+	var hd handleData
+	if err := json.Unmarshal(h.Data, &hd); err != nil || hd.StateDir == "" {
+		return nil, errdefs.InvalidArgument("qemu: bad handle for %s", h.ID)
+	}
+	inst := d.newInstance(h.ID, hd.StateDir)
+	inst.started = true
+	_ = readJSON(inst.machinePath(), &inst.machine) // needed by Checkpoint only
+	pid := hd.Pid
+	if pid <= 0 {
+		pid = readPid(inst.pidPath())
+	}
+	inst.pid = pid
+	lost := func(why string) (driver.Instance, error) {
+		_ = inst.Destroy(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("qemu: recover %s: %s: %w", h.ID, why, errdefs.ErrNotFound)
+	}
+	if pid <= 0 || !inst.ours(pid) {
+		return lost("vm process is gone")
+	}
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	q, err := dialQMP(qctx, inst.qmpSock())
+	if err != nil {
+		return lost(err.Error())
+	}
+	st, err := q.status(qctx)
+	q.Close()
+	if err != nil || st == "shutdown" || st == "internal-error" || st == "guest-panicked" {
+		return lost(fmt.Sprintf("vm status %q (%v)", st, err))
+	}
+	return inst, nil
+}
+
+func (d *Driver) newInstance(id, stateDir string) *Instance {
+	return &Instance{d: d, id: id, stateDir: stateDir, log: d.log.With("sandbox", id)}
+}
+
+func (d *Driver) qemuImg(ctx context.Context, args ...string) error {
+	out, err := exec.CommandContext(ctx, d.cfg.QEMUImg, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img %s: %v: %s", args[0], err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// Instance is one VM (one sandbox).
+type Instance struct {
+	d        *Driver
+	id       string
+	stateDir string
+	log      *slog.Logger
+	machine  machine
+
+	dialMu sync.Mutex // one DialAgent at a time: the port has one host end
+
+	mu        sync.Mutex
+	current   net.Conn // the agent connection last handed out
+	started   bool
+	pid       int
+	destroyed bool
+}
+
+func (i *Instance) diskPath() string    { return filepath.Join(i.stateDir, "disk.qcow2") }
+func (i *Instance) agentSock() string   { return filepath.Join(i.stateDir, "agent.sock") }
+func (i *Instance) qmpSock() string     { return filepath.Join(i.stateDir, "qmp.sock") }
+func (i *Instance) pidPath() string     { return filepath.Join(i.stateDir, "qemu.pid") }
+func (i *Instance) consolePath() string { return filepath.Join(i.stateDir, "console.log") }
+func (i *Instance) machinePath() string { return filepath.Join(i.stateDir, "machine.json") }
+
+// ID implements driver.Instance.
+func (i *Instance) ID() string { return i.id }
+
+// Handle implements driver.Instance.
+func (i *Instance) Handle() driver.Handle {
+	i.mu.Lock()
+	pid := i.pid
+	i.mu.Unlock()
+	data, _ := json.Marshal(handleData{StateDir: i.stateDir, Pid: pid})
+	return driver.Handle{Driver: Name, ID: i.id, Data: data}
+}
+
+// Start implements driver.Instance: it launches QEMU (daemonized, in its
+// own session) and returns once the VM runs; the agent answers DialAgent
+// when the guest has booted.
+func (i *Instance) Start(ctx context.Context) error {
+	i.mu.Lock()
+	if i.started {
+		i.mu.Unlock()
+		return errdefs.Conflict("sandbox already started")
+	}
+	i.started = true
+	i.mu.Unlock()
+	return i.launch(ctx, "")
+}
+
+// launch runs QEMU with -daemonize: the command returns when the VM is set
+// up (or failed to be), and the VM process is no child of the server.
+func (i *Instance) launch(ctx context.Context, incoming string) error {
+	cmd := exec.CommandContext(ctx, i.d.cfg.QEMU, i.qemuArgs(incoming)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("qemu: start %s: %v: %s", i.id, err, bytes.TrimSpace(out.Bytes()))
+	}
+	pid := readPid(i.pidPath())
+	if pid <= 0 {
+		return fmt.Errorf("qemu: start %s: no pid file", i.id)
+	}
+	i.mu.Lock()
+	i.pid = pid
+	i.mu.Unlock()
+	return nil
+}
+
+// Pause implements driver.Instance (QMP stop: the vCPUs halt).
+func (i *Instance) Pause(ctx context.Context) error {
+	return qmpDo(ctx, i.qmpSock(), "stop", nil, nil)
+}
+
+// Resume implements driver.Instance (QMP cont).
+func (i *Instance) Resume(ctx context.Context) error {
+	return qmpDo(ctx, i.qmpSock(), "cont", nil, nil)
+}
+
+// DialAgent implements driver.Instance. It closes the connection handed
+// out before (QEMU serves one client; the newest caller wins), connects to
+// the port's socket and runs the session handshake, retrying until the
+// agent answers or ctx ends.
+func (i *Instance) DialAgent(ctx context.Context) (net.Conn, error) {
+	i.dialMu.Lock()
+	defer i.dialMu.Unlock()
+	i.mu.Lock()
+	old := i.current
+	i.current = nil
+	i.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	wait := 2 * time.Millisecond
+	var lastErr error
+	for {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", i.agentSock())
+		if err == nil {
+			var conn net.Conn
+			conn, err = handshake(ctx, c)
+			if err == nil {
+				i.mu.Lock()
+				i.current = conn
+				i.mu.Unlock()
+				return conn, nil
+			}
+			c.Close()
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			break
+		}
+		if i.exited() {
+			return nil, fmt.Errorf("qemu: vm %s is not running (console: %s): %w", i.id, tailFile(i.consolePath(), 1500), errdefs.ErrUnavailable)
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+		}
+		wait = min(wait*2, 100*time.Millisecond)
+	}
+	return nil, fmt.Errorf("qemu: waiting for agent of %s: %v: %w", i.id, lastErr, errdefs.ErrUnavailable)
+}
+
+// exited reports whether the VM was started and its process is gone.
+func (i *Instance) exited() bool {
+	i.mu.Lock()
+	pid, started := i.pid, i.started
+	i.mu.Unlock()
+	return started && pid > 0 && !alive(pid)
+}
+
+// Wait implements driver.Instance, on a pidfd of the QEMU process (which
+// is not the server's child), so it works for recovered instances too.
+func (i *Instance) Wait(ctx context.Context) (driver.ExitStatus, error) {
+	var pid int
+	for {
+		i.mu.Lock()
+		pid = i.pid
+		destroyed := i.destroyed
+		i.mu.Unlock()
+		if destroyed && pid <= 0 {
+			return driver.ExitStatus{Reason: "destroyed"}, nil
+		}
+		if pid > 0 {
+			break
+		}
+		select { // not started yet
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return driver.ExitStatus{}, ctx.Err()
+		}
+	}
+	status := func() driver.ExitStatus {
+		i.mu.Lock()
+		defer i.mu.Unlock()
+		if i.destroyed {
+			return driver.ExitStatus{Reason: "destroyed"}
+		}
+		return driver.ExitStatus{Reason: "exited"}
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return status(), nil
+		}
+		return driver.ExitStatus{}, fmt.Errorf("pidfd_open: %w", err)
+	}
+	defer unix.Close(fd)
+	for {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 200)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return driver.ExitStatus{}, err
+		}
+		// A zombie (nobody reaps daemonized QEMU in some containers)
+		// counts as exited.
+		if n > 0 || !alive(pid) {
+			return status(), nil
+		}
+		if ctx.Err() != nil {
+			return driver.ExitStatus{}, ctx.Err()
+		}
+	}
+}
+
+// Detach implements driver.Detacher: it closes the agent connection; the
+// VM runs on and a later Recover re-attaches.
+func (i *Instance) Detach() {
+	i.mu.Lock()
+	c := i.current
+	i.current = nil
+	i.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// Destroy implements driver.Instance: it kills QEMU (if it is still this
+// sandbox's process) and removes the state dir.
+func (i *Instance) Destroy(ctx context.Context) error {
+	i.mu.Lock()
+	i.destroyed = true
+	pid := i.pid
+	i.mu.Unlock()
+	i.Detach()
+	if pid <= 0 {
+		pid = readPid(i.pidPath()) // a launch that failed half-way
+	}
+	if pid > 0 && i.ours(pid) {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		deadline := time.Now().Add(10 * time.Second)
+		for alive(pid) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("qemu: vm %s (pid %d) did not die", i.id, pid)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if i.stateDir != "" {
+		if err := os.RemoveAll(i.stateDir); err != nil {
+			return fmt.Errorf("qemu: remove state dir: %w", err)
+		}
+	}
+	return nil
+}
+
+// ours reports whether pid is a live QEMU of this instance: its command
+// line names this instance's QMP socket (guards against pid reuse).
+func (i *Instance) ours(pid int) bool {
+	if !alive(pid) {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && bytes.Contains(b, []byte(i.qmpSock()))
+}
+
+func readPid(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// alive reports whether pid is a live process (not gone, not a zombie).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] != 'Z' && b[i+2] != 'X'
+}
+
+// hostTSCkHz reads the host's TSC frequency (the "cpu MHz" of a host with
+// a constant TSC), for tsc_early_khz under TCG. 0 when unknown.
+func hostTSCkHz() int {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && strings.TrimSpace(k) == "cpu MHz" {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return int(f * 1000)
+			}
+		}
+	}
+	return 0
+}
+
+// tailFile returns the last n bytes of a file, for error messages.
+func tailFile(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		f.Seek(fi.Size()-n, 0)
+	}
+	b := make([]byte, n)
+	k, _ := f.Read(b)
+	return strings.TrimSpace(string(b[:k]))
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
