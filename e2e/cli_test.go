@@ -92,3 +92,66 @@ func TestCLI(t *testing.T) {
 		t.Errorf("template list: %q", out)
 	}
 }
+
+// TestCLISnapshots runs the snapshot walkthrough of the README with the
+// real binary: pause/resume, snapshot, snapshots, fork, diff, restore,
+// create --from-snapshot.
+func TestCLISnapshots(t *testing.T) {
+	s := sharedServer(t)
+	run := func(args ...string) (string, int) {
+		t.Helper()
+		cmd := exec.Command(spaceBin(t), args...)
+		cmd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+s.key)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		return out.String(), code
+	}
+	out, _ := run("create")
+	id := strings.TrimSpace(out)
+	run("exec", id, "--", "sh", "-c", "echo v1 > /home/user/report.csv")
+	if out, code := run("pause", id); code != 0 || !strings.Contains(out, "paused") {
+		t.Fatalf("pause: %d %q", code, out)
+	}
+	if out, code := run("resume", id); code != 0 || !strings.Contains(out, "running") {
+		t.Fatalf("resume: %d %q", code, out)
+	}
+	out, code := run("snapshot", id, "--name", "before-cleanup", "-q")
+	a := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(a, "snap-") {
+		t.Fatalf("snapshot: %d %q", code, out)
+	}
+	run("exec", id, "--", "sh", "-c", "echo v2 > /home/user/report.csv")
+	out, _ = run("snapshot", id, "--files", "-q")
+	b := strings.TrimSpace(out)
+	if out, _ := run("snapshots", id); !strings.Contains(out, a) || !strings.Contains(out, b) || !strings.Contains(out, "before-cleanup") {
+		t.Errorf("snapshots: %q", out)
+	}
+	if out, _ := run("diff", id, a, b); !strings.Contains(out, "M /home/user/report.csv") {
+		t.Errorf("diff: %q", out)
+	}
+	if out, code := run("restore", id, "--snapshot", a, "/home/user/report.csv"); code != 0 {
+		t.Errorf("restore: %d %q", code, out)
+	}
+	if out, _ := run("exec", id, "--", "cat", "/home/user/report.csv"); out != "v1\n" {
+		t.Errorf("after restore: %q", out)
+	}
+	out, code = run("fork", id, "--count", "2")
+	kids := strings.Fields(out)
+	if code != 0 || len(kids) != 2 {
+		t.Fatalf("fork: %d %q", code, out)
+	}
+	out, code = run("create", "--from-snapshot", a)
+	c := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(c, "sb-") {
+		t.Fatalf("create --from-snapshot: %d %q", code, out)
+	}
+	if out, _ := run("exec", c, "--", "cat", "/home/user/report.csv"); out != "v1\n" {
+		t.Errorf("sandbox from snapshot: %q", out)
+	}
+	run("kill", id, c, kids[0], kids[1])
+}

@@ -1,8 +1,8 @@
 package sandbox
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"io"
 
 	"github.com/spacesandbox/space/internal/agentclient"

@@ -6,10 +6,10 @@
 package sandbox
 
 import (
-	"errors"
 	"context"
 	"crypto/rand"
 	"encoding/base32"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"

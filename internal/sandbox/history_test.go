@@ -1,0 +1,130 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"archive/tar"
+
+	"github.com/spacesandbox/space/internal/snapshot"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// tarOf builds a one-file tar whose content is unique to n.
+func tarOf(t *testing.T, n int) []byte {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	data := bytes.Repeat([]byte(fmt.Sprintf("content of snapshot %d\n", n)), 4096)
+	tw.WriteHeader(&tar.Header{Name: "home/user/f.txt", Mode: 0o644, Size: int64(len(data)), Typeflag: tar.TypeReg})
+	tw.Write(data)
+	tw.Close()
+	return buf.Bytes()
+}
+
+func chunkCount(t *testing.T, root string) int {
+	n := 0
+	filepath.WalkDir(filepath.Join(root, "chunks"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			n++
+		}
+		return nil
+	})
+	return n
+}
+
+// TestRetention runs the rolling history's retention over a week of
+// snapshots on an injected clock, with a real store and chunk store: the
+// thinning keeps exactly the expected set and GC frees the chunks of what
+// it dropped.
+func TestRetention(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := store.Open(ctx, filepath.Join(dir, "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cs, err := snapshot.New(filepath.Join(dir, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	svc := New(Config{DataDir: dir}, st, nil, slog.New(slog.DiscardHandler), nil)
+	svc.now = func() time.Time { return now }
+	svc.SetSnapshots(Snapshots{Store: cs, Interval: -1, Retention: snapshot.DefaultPolicy()})
+
+	// One snapshot every 30 minutes for 8 days, plus a named one 3 days ago.
+	var all []store.Snapshot
+	for i := 0; i < 8*48; i++ {
+		at := now.Add(-time.Duration(i) * 30 * time.Minute)
+		sn := store.Snapshot{ID: fmt.Sprintf("snap-%04d", i), SandboxID: "sb-test", Team: "t", Kind: KindFiles, Status: store.SnapshotReady, CreatedAt: at}
+		if i == 3*48 {
+			sn.Name = "keep-me"
+		}
+		all = append(all, sn)
+		if err := st.CreateSnapshot(ctx, sn); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.PutTar(ctx, sn.ID, bytes.NewReader(tarOf(t, i)), snapshot.Meta{CreatedAt: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := chunkCount(t, cs.Root())
+	svc.RetainOnce(ctx)
+
+	left, err := st.ListSnapshots(ctx, "sb-test", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sn := range left {
+		got = append(got, sn.ID)
+	}
+	// Expected: everything from the last hour (3: now, -30m, -60m), the
+	// newest of each older hour for a day, the newest of each older day
+	// for a week, and the named one.
+	var infos []snapshot.SnapInfo
+	for _, sn := range all {
+		infos = append(infos, snapshot.SnapInfo{ID: sn.ID, CreatedAt: sn.CreatedAt, Kind: snapshot.KindFiles, Named: sn.Name != ""})
+	}
+	want, _ := snapshot.Thin(infos, now, snapshot.DefaultPolicy())
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("kept %d snapshots %v, want %d %v", len(got), got, len(want), want)
+	}
+	if !slices.Contains(got, "snap-0144") {
+		t.Errorf("named snapshot dropped")
+	}
+	for _, id := range got {
+		sn, _ := st.GetSnapshot(ctx, id)
+		if age := now.Sub(sn.CreatedAt); age > 7*24*time.Hour {
+			t.Errorf("kept %s, %v old", id, age)
+		}
+	}
+	if len(got) < 3+23+6 || len(got) > 3+24+8+1 {
+		t.Errorf("kept %d snapshots: outside the hourly/daily shape", len(got))
+	}
+	// Dropped snapshots are gone from the chunk store and their chunks
+	// freed; kept ones still read back.
+	after := chunkCount(t, cs.Root())
+	if after >= before || after > len(got)+2 {
+		t.Errorf("chunks before %d, after %d, for %d kept snapshots", before, after, len(got))
+	}
+	for _, id := range got {
+		if err := cs.Verify(ctx, id); err != nil {
+			t.Errorf("kept %s does not verify: %v", id, err)
+		}
+	}
+	if _, err := cs.Open("snap-0200"); err == nil && !slices.Contains(got, "snap-0200") {
+		t.Errorf("dropped manifest still present")
+	}
+}
