@@ -53,22 +53,23 @@ func spaceBin(t testing.TB) string {
 
 // server is one `space serve` process on its own data dir.
 type server struct {
-	t    testing.TB
-	data string
-	url  string
-	key  string
-	cmd  *exec.Cmd
-	logs *bytes.Buffer
-	mu   sync.Mutex
+	t     testing.TB
+	extra []string // extra `space serve` flags
+	data  string
+	url   string
+	key   string
+	cmd   *exec.Cmd
+	logs  *bytes.Buffer
+	mu    sync.Mutex
 }
 
 // startServer starts a server on a fresh data dir (or on data, to restart).
-func startServer(t testing.TB, data string) *server {
+func startServer(t testing.TB, data string, extra ...string) *server {
 	t.Helper()
 	if data == "" {
 		data = t.TempDir()
 	}
-	s := &server{t: t, data: data, logs: &bytes.Buffer{}}
+	s := &server{t: t, data: data, logs: &bytes.Buffer{}, extra: extra}
 	s.start()
 	t.Cleanup(func() { s.stop(true) })
 	return s
@@ -78,8 +79,9 @@ func (s *server) start() {
 	t := s.t
 	t.Helper()
 	_ = os.Remove(filepath.Join(s.data, "serve.json"))
-	cmd := exec.Command(spaceBin(t), "serve", "--data", s.data, "--listen", "127.0.0.1:0",
-		"--cache", testenv.CacheDir(), "--runsc", testenv.Runsc(t), "--agent", testenv.Agent(t), "--log-level", "debug")
+	args := append([]string{"serve", "--data", s.data, "--listen", "127.0.0.1:0",
+		"--cache", testenv.CacheDir(), "--runsc", testenv.Runsc(t), "--agent", testenv.Agent(t), "--log-level", "debug"}, s.extra...)
+	cmd := exec.Command(spaceBin(t), args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw

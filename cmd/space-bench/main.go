@@ -35,12 +35,14 @@ func main() {
 	nCreate := flag.Int("creates", 20, "create samples")
 	nExec := flag.Int("execs", 200, "exec samples")
 	nFile := flag.Int("files", 50, "file write+read samples")
+	nState := flag.Int("states", 10, "pause/resume/checkpoint/restore/fork samples")
+	wsMB := flag.Int("workspace-mb", 1024, "workspace size for the files-snapshot figures")
 	flag.Parse()
 	if *runsc == "" {
 		*runsc = filepath.Join(*cache, "runsc-"+gvisor.PinnedVersion, "runsc")
 	}
 	agentAbs, _ := filepath.Abs(*agent)
-	b := &bench{runsc: *runsc, cache: *cache}
+	b := &bench{runsc: *runsc, cache: *cache, nState: *nState, wsMB: *wsMB}
 	if err := b.run(agentAbs, *nCreate, *nExec, *nFile); err != nil {
 		fmt.Fprintln(os.Stderr, "space-bench:", err)
 		os.Exit(1)
@@ -70,9 +72,12 @@ type row struct {
 
 type bench struct {
 	runsc, cache string
+	nState, wsMB int
+	notes        []string
 	rows         []row
 	url, key     string
 	tmp          string
+	dataDir      string
 }
 
 func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
@@ -85,9 +90,11 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	data := filepath.Join(tmp, "data")
+	b.dataDir = data
 	done := make(chan error, 1)
 	go func() {
-		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn"})
+		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn",
+			SnapshotIntervalS: -1, CheckpointOnPause: "off"})
 	}()
 	if err := b.waitReady(data, done); err != nil {
 		return err
@@ -134,7 +141,9 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 	r = row{name: "exec `true` round trip", rawName: "runsc exec true"}
 	for i := 0; i < nExec; i++ {
 		t0 := time.Now()
-		var res struct{ ExitCode int `json:"exit_code"` }
+		var res struct {
+			ExitCode int `json:"exit_code"`
+		}
 		if code := b.do("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": []string{"true"}}, &res); code != 200 || res.ExitCode != 0 {
 			return fmt.Errorf("exec: %d", code)
 		}
@@ -173,9 +182,187 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 		}
 	}
 	b.rows = append(b.rows, r)
+	if err := b.stateOps(id, raw, cid); err != nil {
+		return err
+	}
 	b.do("DELETE", "/v1/sandboxes/"+id, nil, nil)
 	cancel()
 	<-done
+	return nil
+}
+
+// stateOps measures pause/resume, checkpoint/restore and fork through the
+// API against runsc's own verbs, and files snapshots of a large workspace.
+func (b *bench) stateOps(id string, raw *rawRunsc, cid string) error {
+	post := func(path string, body any, out any) error {
+		if code := b.do("POST", path, body, out); code/100 != 2 {
+			return fmt.Errorf("POST %s: HTTP %d", path, code)
+		}
+		return nil
+	}
+	timeIt := func(f func() error) (time.Duration, error) {
+		t0 := time.Now()
+		err := f()
+		return time.Since(t0), err
+	}
+	runsc := func(args ...string) error {
+		out, err := exec.Command(b.runsc, append([]string{"--root", raw.root}, args...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("runsc %s: %v: %s", args[0], err, out)
+		}
+		return nil
+	}
+	pause := row{name: "pause", rawName: "runsc pause"}
+	resume := row{name: "resume", rawName: "runsc resume"}
+	ckpt := row{name: "checkpoint (snapshot kind=checkpoint, stored)", rawName: "runsc checkpoint --leave-running"}
+	restore := row{name: "create from checkpoint (restore, to agent ready)", rawName: "runsc restore --detach"}
+	fork1 := row{name: "fork ×1 (checkpoint + restore)", rawName: "runsc checkpoint + restore"}
+	fork5 := row{name: "fork ×5", rawName: "runsc checkpoint + 5 restores"}
+	var snapID string
+	for i := 0; i < b.nState; i++ {
+		d, err := timeIt(func() error { return post("/v1/sandboxes/"+id+"/pause", nil, nil) })
+		if err != nil {
+			return err
+		}
+		pause.space = append(pause.space, d)
+		d, err = timeIt(func() error { return post("/v1/sandboxes/"+id+"/resume", nil, nil) })
+		if err != nil {
+			return err
+		}
+		resume.space = append(resume.space, d)
+		d, _ = timeIt(func() error { return runsc("pause", cid) })
+		pause.raw = append(pause.raw, d)
+		d, _ = timeIt(func() error { return runsc("resume", cid) })
+		resume.raw = append(resume.raw, d)
+
+		var sn struct {
+			ID       string `json:"id"`
+			BytesNew int64  `json:"bytes_new"`
+		}
+		d, err = timeIt(func() error {
+			return post("/v1/sandboxes/"+id+"/snapshots", map[string]string{"kind": "checkpoint"}, &sn)
+		})
+		if err != nil {
+			return err
+		}
+		ckpt.space = append(ckpt.space, d)
+		snapID = sn.ID
+		img := filepath.Join(b.tmp, fmt.Sprintf("rawimg%d", i))
+		d, err = timeIt(func() error { return runsc("checkpoint", "--leave-running", "--image-path", img, cid) })
+		if err != nil {
+			return err
+		}
+		ckpt.raw = append(ckpt.raw, d)
+
+		var sb struct{ ID string }
+		d, err = timeIt(func() error { return post("/v1/sandboxes", map[string]string{"snapshot": snapID}, &sb) })
+		if err != nil {
+			return err
+		}
+		restore.space = append(restore.space, d)
+		b.do("DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
+		rid := fmt.Sprintf("rawrestore%d", i)
+		d, err = timeIt(func() error { return raw.restore(rid, img) })
+		if err != nil {
+			return err
+		}
+		restore.raw = append(restore.raw, d)
+		raw.delete(rid)
+
+		for _, f := range []struct {
+			r *row
+			n int
+		}{{&fork1, 1}, {&fork5, 5}} {
+			if i >= b.nState/2 && f.n == 5 {
+				continue // fork ×5 is slow: half the samples
+			}
+			var out struct {
+				Sandboxes []struct{ ID string } `json:"sandboxes"`
+			}
+			d, err = timeIt(func() error { return post("/v1/sandboxes/"+id+"/fork", map[string]int{"count": f.n}, &out) })
+			if err != nil {
+				return err
+			}
+			f.r.space = append(f.r.space, d)
+			for _, k := range out.Sandboxes {
+				b.do("DELETE", "/v1/sandboxes/"+k.ID, nil, nil)
+			}
+			fimg := filepath.Join(b.tmp, fmt.Sprintf("rawfork%d-%d", i, f.n))
+			d, err = timeIt(func() error {
+				if err := runsc("checkpoint", "--leave-running", "--image-path", fimg, cid); err != nil {
+					return err
+				}
+				for k := 0; k < f.n; k++ {
+					if err := raw.restore(fmt.Sprintf("rawfork%d-%d-%d", i, f.n, k), fimg); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			f.r.raw = append(f.r.raw, d)
+			for k := 0; k < f.n; k++ {
+				raw.delete(fmt.Sprintf("rawfork%d-%d-%d", i, f.n, k))
+			}
+			os.RemoveAll(fimg)
+		}
+		os.RemoveAll(img)
+	}
+	b.rows = append(b.rows, pause, resume, ckpt, restore, fork1, fork5)
+
+	// Files snapshots of a large workspace: unchanged, then 1% changed.
+	var res struct {
+		ExitCode int `json:"exit_code"`
+	}
+	if err := post("/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": fmt.Sprintf("mkdir -p /home/user/ws && for i in $(seq 1 %d); do head -c 16777216 /dev/urandom > /home/user/ws/f$i; done", b.wsMB/16)}, &res); err != nil {
+		return err
+	}
+	unchanged := row{name: fmt.Sprintf("files snapshot, %d MiB workspace unchanged", b.wsMB), rawName: "runsc tar rootfs-upper > /dev/null"}
+	changed := row{name: fmt.Sprintf("files snapshot, %d MiB workspace, 16 MiB changed", b.wsMB), rawName: "runsc tar rootfs-upper > /dev/null"}
+	var first struct{ BytesNew, BytesTotal int64 }
+	if err := post("/v1/sandboxes/"+id+"/snapshots", map[string]string{"kind": "files"}, &first); err != nil {
+		return err
+	}
+	var lastNewUnchanged, lastNewChanged, lastTotal int64
+	for i := 0; i < 3; i++ {
+		var sn struct {
+			BytesNew   int64 `json:"bytes_new"`
+			BytesTotal int64 `json:"bytes_total"`
+		}
+		d, err := timeIt(func() error { return post("/v1/sandboxes/"+id+"/snapshots", map[string]string{"kind": "files"}, &sn) })
+		if err != nil {
+			return err
+		}
+		unchanged.space = append(unchanged.space, d)
+		lastNewUnchanged, lastTotal = sn.BytesNew, sn.BytesTotal
+		if err := post("/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": "head -c 16777216 /dev/urandom > /home/user/ws/f1"}, &res); err != nil {
+			return err
+		}
+		d, err = timeIt(func() error { return post("/v1/sandboxes/"+id+"/snapshots", map[string]string{"kind": "files"}, &sn) })
+		if err != nil {
+			return err
+		}
+		changed.space = append(changed.space, d)
+		lastNewChanged = sn.BytesNew
+		rawd, err := timeIt(func() error {
+			cmd := exec.Command(b.runsc, "--root", filepath.Join(b.dataDir, "runsc"), "tar", "rootfs-upper", "--file", "/dev/null", id)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("runsc tar: %v: %s", err, out)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		unchanged.raw = append(unchanged.raw, rawd)
+		changed.raw = append(changed.raw, rawd)
+	}
+	b.rows = append(b.rows, unchanged, changed)
+	b.notes = append(b.notes,
+		fmt.Sprintf("Stored bytes per snapshot (%d MiB workspace, %d bytes total): first files snapshot %d new; unchanged %d new; after rewriting one 16 MiB file %d new.", b.wsMB, lastTotal, first.BytesNew, lastNewUnchanged, lastNewChanged))
 	return nil
 }
 
@@ -331,6 +518,26 @@ func (r *rawRunsc) startSleeper(id string) error {
 	return nil
 }
 
+// restore starts a new container from a checkpoint image.
+func (r *rawRunsc) restore(id, img string) error {
+	dir, err := r.bundle(id, []string{"/bin/sleep", "3600"})
+	if err != nil {
+		return err
+	}
+	logf, err := os.Create(filepath.Join(dir, "console.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(r.runsc, append(r.flags(dir), "restore", "--detach", "--image-path", img, "--bundle", dir, id)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		b, _ := os.ReadFile(logf.Name())
+		return fmt.Errorf("runsc restore: %v: %s", err, b)
+	}
+	return nil
+}
+
 func (r *rawRunsc) delete(id string) {
 	exec.Command(r.runsc, "--root", r.root, "delete", "--force", id).Run()
 }
@@ -375,6 +582,9 @@ func (b *bench) report() string {
 		fmt.Fprintf(&w, "| %s | %d | %s | %s | %s | %s | %d | %s | %s | %s | %.1f× |\n",
 			r.name, len(r.space), ms(pct(r.space, 0)), ms(pct(r.space, .5)), ms(pct(r.space, .99)),
 			r.rawName, len(r.raw), ms(pct(r.raw, 0)), ms(pct(r.raw, .5)), ms(pct(r.raw, .99)), ratio)
+	}
+	for _, n := range b.notes {
+		fmt.Fprintf(&w, "\n%s\n", n)
 	}
 	return w.String()
 }

@@ -79,9 +79,9 @@ func vmInit(log *slog.Logger) error {
 	}
 	for _, m := range []struct {
 		dst, typ string
-		flags uintptr
-		data  string
-		perm  os.FileMode
+		flags    uintptr
+		data     string
+		perm     os.FileMode
 	}{
 		{"/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5", 0o755},
 		{"/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777", 0o1777},

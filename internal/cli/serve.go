@@ -34,6 +34,9 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "max-timeout", env: "SPACE_MAX_TIMEOUT", usage: "largest sandbox timeout in seconds (default 86400)", num: &cfg.MaxTimeoutS},
 		{name: "snapshot-interval", env: "SPACE_SNAPSHOT_INTERVAL", usage: "seconds between automatic files snapshots of a changing sandbox; -1 turns them off (default 300)", num: &cfg.SnapshotIntervalS},
 		{name: "retention-days", env: "SPACE_RETENTION_DAYS", usage: "how long snapshot history is kept, thinned hourly then daily (default 7)", num: &cfg.RetentionDays},
+		{name: "egress-hosts", env: "SPACE_EGRESS_HOSTS", usage: "operator name map for the egress proxy, name=ip,… (off by default; for tests and internal mirrors)", str: &cfg.EgressHosts},
+		{name: "egress-allow-cidr", env: "SPACE_EGRESS_ALLOW_CIDR", usage: "private ranges the egress proxy may reach, CIDR,… (off by default)", str: &cfg.EgressAllowCIDR},
+		{name: "egress-root-ca", env: "SPACE_EGRESS_ROOT_CA", usage: "PEM file of extra root CAs for upstream TLS (off by default)", str: &cfg.EgressRootCA},
 		{name: "checkpoint-on-pause", env: "SPACE_CHECKPOINT_ON_PAUSE", usage: "record a checkpoint in the timeline on every pause: on|off (default on)", str: &cfg.CheckpointOnPause},
 	}
 	cmd := &cobra.Command{

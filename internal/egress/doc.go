@@ -61,8 +61,8 @@
 // encrypted at rest with AES-256-GCM under a key file in the data dir). A
 // sandbox's environment holds only a random placeholder per secret
 // ([NewPlaceholder], minted per sandbox and per fork child), bound with
-// [Proxy.BindSecrets]. When a sandbox has bound secrets, CONNECT tunnels to a
-// host named by a secret, and every TLS tunnel on port 443, are intercepted:
+// [Proxy.BindSecrets]. When a sandbox has bound secrets, every TLS tunnel it
+// opens, to any allowed host and port, is intercepted:
 // the proxy terminates TLS with a per-sandbox CA ([Proxy.CAFor]; its
 // certificate goes into the sandbox trust store, its key stays in the
 // [CAStore]), offers only http/1.1 by ALPN, reads each HTTP/1.1 request,
@@ -71,8 +71,8 @@
 // parameter) and forwards over a verified TLS connection to the vetted
 // upstream address. A placeholder seen anywhere it may not go (another host,
 // plain HTTP, the CONNECT host) refuses the request and is audited as
-// placeholder_leak. Request bodies and TLS tunnels that are not intercepted
-// (other ports, sandboxes without secrets) are not inspected. The value
+// placeholder_leak. Request bodies, and TLS tunnels of sandboxes without
+// secrets (nothing to leak), are not inspected. The value
 // never reaches logs, audit records or errors: [Secret] redacts itself for
 // slog, fmt and JSON.
 //

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -16,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -142,6 +142,7 @@ func newEnv(t testing.TB, opts ...envOpt) *env {
 		}
 		return upCA.leaf(name, time.Now())
 	}}
+	ts.Config.ErrorLog = log.New(io.Discard, "", 0)
 	ts.StartTLS()
 	t.Cleanup(ts.Close)
 	upPool := x509.NewCertPool()
@@ -298,8 +299,8 @@ func readResponse(t testing.TB, c net.Conn) (status, body string) {
 	return lines[0], string(bb)
 }
 
-// lastRecord returns the newest audit record, waiting briefly since
-// tunnels are audited when they end.
+// waitRecords waits briefly for n audit records (tunnels are audited
+// when they end).
 func (e *env) waitRecords(t testing.TB, n int) []Record {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
@@ -312,4 +313,19 @@ func (e *env) waitRecords(t testing.TB, n int) []Record {
 	}
 }
 
-var _ = atomic.Int64{}
+// waitFor polls the audit ring until a record satisfies ok.
+func (e *env) waitFor(t testing.TB, ok func(Record) bool) (Record, bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		for _, r := range e.ring.Records(testSandbox, 0) {
+			if ok(r) {
+				return r, true
+			}
+		}
+		if time.Now().After(deadline) {
+			return Record{}, false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

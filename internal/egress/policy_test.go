@@ -110,7 +110,7 @@ func TestPolicyDecisions(t *testing.T) {
 	check("93.184.216.0/24", "", "93.184.217.1", 443, false, ReasonIPLiteral)
 	check("0.0.0.0/0", "", "127.0.0.1", 443, false, ReasonPrivate)
 	check("0.0.0.0/0", "", "0x7f.1", 443, false, ReasonPrivate)
-	check("::/0", "", "[::ffff:169.254.169.254]", 443, false, ReasonPrivate)
+	check("0.0.0.0/0", "", "[::ffff:169.254.169.254]", 443, false, ReasonPrivate)
 	check("0.0.0.0/0", "93.184.216.34", "93.184.216.34", 443, false, ReasonDenyRule)
 	// Private resolution.
 	for h := range answers {

@@ -459,6 +459,8 @@ type session struct {
 	upbr  *bufio.Reader
 	upKey string
 	upIP  netip.Addr
+
+	audited *Record // the last record audited
 }
 
 func (s *session) closeUpstream() {
@@ -468,7 +470,13 @@ func (s *session) closeUpstream() {
 	}
 }
 
+// audit records rec once (refusals audit before answering, so a client
+// that sees a refusal finds it in the audit log).
 func (s *session) audit(rec *Record) {
+	if rec == s.audited {
+		return
+	}
+	s.audited = rec
 	if rec.Duration == 0 {
 		rec.Duration = s.p.cfg.Now().Sub(rec.Time)
 	}
@@ -489,6 +497,7 @@ func (s *session) audit(rec *Record) {
 // refuse marks rec refused and answers the client with a short reason.
 func (s *session) refuse(w io.Writer, rec *Record, status int, reason, rule string) {
 	rec.Decision, rec.Reason, rec.Rule = DecisionDeny, reason, rule
+	s.audit(rec)
 	s.respond(w, status, reason, fmt.Sprintf("space egress: %s refused: %s",
 		safe(net.JoinHostPort(rec.Host, strconv.Itoa(rec.Port))), rule))
 }
@@ -570,6 +579,7 @@ func (s *session) plain(ctx context.Context, req *http.Request, hostHdr string) 
 		up, ip, err := s.dial(ctx, d.addrs, rec.Port)
 		if err != nil {
 			rec.Reason = ReasonDial
+			s.audit(rec)
 			s.respond(s.c, http.StatusBadGateway, ReasonDial, "space egress: "+key+" unreachable")
 			return false
 		}
@@ -618,6 +628,7 @@ func (s *session) connect(ctx context.Context, req *http.Request) {
 	up, ip, err := s.dial(ctx, d.addrs, port)
 	if err != nil {
 		rec.Reason = ReasonDial
+		s.audit(rec)
 		s.respond(s.c, http.StatusBadGateway, ReasonDial, "space egress: "+net.JoinHostPort(rec.Host, ps)+" unreachable")
 		return
 	}
@@ -634,6 +645,7 @@ func (s *session) connect(ctx context.Context, req *http.Request) {
 		hello, err := peekClientHello(s.br)
 		if err != nil {
 			rec.Decision, rec.Reason, rec.Rule = DecisionDeny, ReasonProtocol, "unreadable TLS ClientHello"
+			s.audit(rec)
 			s.c.Write(tlsAlertAccessDenied)
 			return
 		}
@@ -648,6 +660,7 @@ func (s *session) connect(ctx context.Context, req *http.Request) {
 			rec.Decision, rec.Reason, rec.Rule = DecisionDeny, ReasonSNIMismatch, "TLS SNI does not match the CONNECT host"
 		}
 		if rec.Decision == DecisionDeny {
+			s.audit(rec)
 			s.c.Write(tlsAlertAccessDenied)
 			return
 		}
@@ -657,7 +670,7 @@ func (s *session) connect(ctx context.Context, req *http.Request) {
 		}
 		pipe(s.c, s.br, up, up)
 	case kindHTTP:
-		s.relay(rec, s.c, s.br, up, bufio.NewReader(up), false)
+		s.relay(rec, s.c, s.br, up, bufio.NewReader(up), up, false)
 	case kindRaw:
 		if port == 80 || port == 443 {
 			rec.Decision, rec.Reason, rec.Rule = DecisionDeny, ReasonProtocol, "only TLS or HTTP on ports 80 and 443"
@@ -667,15 +680,11 @@ func (s *session) connect(ctx context.Context, req *http.Request) {
 	}
 }
 
-// intercepts reports whether a TLS tunnel is terminated here: when the
-// sandbox has secrets, for hosts named by a secret and for every port-443
-// tunnel (so placeholders sent to other hosts are seen and refused).
+// intercepts reports whether a TLS tunnel is terminated here: every TLS
+// tunnel of a sandbox that holds secrets, whatever the port, so that a
+// placeholder sent to a host it is not bound to is seen and refused.
 func (s *session) intercepts(host string, port int) bool {
-	secrets := s.p.view(s.sb).secrets
-	if len(secrets) == 0 {
-		return false
-	}
-	return port == 443 || slices.ContainsFunc(secrets, func(b *boundSecret) bool { return b.matchHost(host) })
+	return len(s.p.view(s.sb).secrets) > 0
 }
 
 // tlsAlertAccessDenied is a fatal TLS access_denied alert record.

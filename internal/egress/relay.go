@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -30,6 +31,9 @@ func peekHead(br *bufio.Reader) ([]byte, error) {
 	n := 1
 	for {
 		b, err := br.Peek(n)
+		if err == nil {
+			b, _ = br.Peek(br.Buffered())
+		}
 		if i := headEnd(b); i >= 0 {
 			return b[:i], nil
 		}
@@ -268,19 +272,26 @@ func (s *session) intercept(ctx context.Context, rec *Record, up *countConn) {
 	})
 	if err := uc.HandshakeContext(hctx); err != nil {
 		rec.Decision, rec.Reason, rec.Rule = DecisionDeny, ReasonUpstreamTLS, "upstream certificate not trusted"
+		s.audit(rec)
 		s.respond(tc, http.StatusBadGateway, ReasonUpstreamTLS, fmt.Sprintf("space egress: %s:%d upstream TLS failed", host, rec.Port))
 		s.log.Info("egress upstream TLS", "host", host, "err", err)
 		return
 	}
-	s.relay(rec, tc, bufio.NewReader(tc), uc, bufio.NewReader(uc), true)
+	s.relay(rec, tc, bufio.NewReader(tc), uc, bufio.NewReader(uc), up, true)
 }
 
-// relay serves HTTP/1.1 requests inside a tunnel to its one upstream. Each
-// request must name the tunnel's host and may not CONNECT; placeholders
-// are injected when intercepted is true and refused elsewhere. The first
-// refusal ends the tunnel and marks rec refused.
-func (s *session) relay(rec *Record, cw net.Conn, br *bufio.Reader, up net.Conn, upbr *bufio.Reader, intercepted bool) {
+// relay serves HTTP/1.1 requests inside a tunnel to its one upstream
+// (up, counted by cnt). Each request must name the tunnel's host and may
+// not CONNECT; placeholders are injected when intercepted is true and
+// refused elsewhere. Every request gets its own audit record; the first
+// refusal ends the tunnel.
+func (s *session) relay(tun *Record, cw net.Conn, br *bufio.Reader, up net.Conn, upbr *bufio.Reader, cnt *countConn, intercepted bool) {
 	used := map[string]bool{}
+	defer func() {
+		if len(used) > 0 {
+			tun.Secret = strings.Join(slices.Sorted(maps.Keys(used)), ",")
+		}
+	}()
 	for {
 		_ = cw.SetReadDeadline(time.Now().Add(s.p.cfg.IdleTimeout))
 		head, err := peekHead(br)
@@ -288,48 +299,50 @@ func (s *session) relay(rec *Record, cw net.Conn, br *bufio.Reader, up net.Conn,
 			return
 		}
 		_ = cw.SetReadDeadline(time.Time{})
+		rec := &Record{Time: s.p.cfg.Now(), SandboxID: s.sb, Host: tun.Host, IP: tun.IP, Port: tun.Port, SNI: tun.SNI, Rule: tun.Rule}
+		refuse := func(status int, reason, rule string) { s.refuse(cw, rec, status, reason, rule) }
 		hostHdr := headerValue(head, "host")
 		req, err := http.ReadRequest(br)
 		if err != nil {
-			s.refuse(cw, rec, http.StatusBadRequest, ReasonProtocol, "malformed HTTP request in tunnel")
+			refuse(http.StatusBadRequest, ReasonProtocol, "malformed HTTP request in tunnel")
 			return
 		}
+		rec.Method = req.Method
 		if req.Method == http.MethodConnect {
-			s.refuse(cw, rec, http.StatusForbidden, ReasonNestedConnect, "CONNECT inside a tunnel")
+			refuse(http.StatusForbidden, ReasonNestedConnect, "CONNECT inside a tunnel")
 			return
 		}
 		if !hostMatches(hostHdr, rec.Host, rec.Port) || (req.URL.Host != "" && !hostMatches(req.URL.Host, rec.Host, rec.Port)) {
-			s.refuse(cw, rec, http.StatusForbidden, ReasonHostMismatch, fmt.Sprintf("Host header %q does not match the tunnel", safe(hostHdr)))
+			refuse(http.StatusForbidden, ReasonHostMismatch, fmt.Sprintf("Host header %q does not match the tunnel", safe(hostHdr)))
 			return
 		}
 		req.Host = hostHdr
 		state := s.p.view(s.sb)
+		var names []string
 		if intercepted {
 			for _, b := range state.secrets {
 				if b.matchHost(rec.Host) && b.inject(req) {
-					used[b.secret.Name] = true
+					names = append(names, b.secret.Name)
 				}
 			}
 		}
-		if names := placeholdersIn(req, state.secrets); names != nil {
-			rec.Secret = strings.Join(names, ",")
-			s.refuse(cw, rec, http.StatusForbidden, ReasonLeak, "secret placeholder may not be sent to this host")
+		if leaked := placeholdersIn(req, state.secrets); leaked != nil {
+			rec.Secret = strings.Join(leaked, ",")
+			refuse(http.StatusForbidden, ReasonLeak, "secret placeholder may not be sent to this host")
 			return
 		}
-		if len(used) > 0 {
-			names := make([]string, 0, len(used))
-			for n := range used {
-				names = append(names, n)
-			}
-			slices.Sort(names)
-			rec.Secret = strings.Join(names, ",")
+		rec.Secret = strings.Join(names, ",")
+		for _, n := range names {
+			used[n] = true
 		}
+		u0, d0 := cnt.up.Load(), cnt.down.Load()
 		closeAfter, upgraded, err := roundTrip(req, cw, up, upbr)
 		if upgraded {
 			pipe(cw, br, up, upbr)
-			return
 		}
-		if err != nil || closeAfter {
+		rec.BytesUp, rec.BytesDown = cnt.up.Load()-u0, cnt.down.Load()-d0
+		s.audit(rec)
+		if upgraded || err != nil || closeAfter {
 			return
 		}
 	}
@@ -370,11 +383,35 @@ func roundTrip(req *http.Request, cw io.Writer, up io.Writer, upbr *bufio.Reader
 			}
 			continue
 		}
-		err = resp.Write(cw)
-		resp.Body.Close()
+		// Buffer the head and each body chunk, but flush before every body
+		// read so streamed responses (SSE, long polls) are not held back.
+		bw := bufio.NewWriterSize(cw, 32<<10)
+		body := resp.Body
+		resp.Body = flushReader{r: body, w: bw}
+		err = resp.Write(writerOnly{bw}) // hide bufio's ReadFrom: it reads into its own buffer, which the flush would reuse
+		if ferr := bw.Flush(); err == nil {
+			err = ferr
+		}
+		body.Close()
 		return req.Close || resp.Close || err != nil, false, err
 	}
 }
+
+type writerOnly struct{ io.Writer }
+
+type flushReader struct {
+	r io.Reader
+	w *bufio.Writer
+}
+
+func (f flushReader) Read(p []byte) (int, error) {
+	if err := f.w.Flush(); err != nil {
+		return 0, err
+	}
+	return f.r.Read(p)
+}
+
+func (f flushReader) Close() error { return nil }
 
 // inject puts the secret's value where its Injection says, if the request
 // carries the placeholder there. It reports whether it did.
@@ -459,7 +496,7 @@ func placeholdersIn(req *http.Request, secrets []*boundSecret) []string {
 			texts = append(texts, u)
 		}
 	}
-	add(req.RequestURI)
+	add(req.URL.Host)
 	add(req.URL.RequestURI())
 	add(req.Host)
 	for k, vs := range req.Header {

@@ -26,9 +26,9 @@ import (
 // Secret redacts Value when logged (slog.LogValuer), printed (fmt) or
 // marshalled to JSON.
 type Secret struct {
-	Name  string    `json:"name"`
-	Value []byte    `json:"-"`
-	Hosts []string  `json:"hosts"` // exact names or "*.domain"
+	Name   string    `json:"name"`
+	Value  []byte    `json:"-"`
+	Hosts  []string  `json:"hosts"` // exact names or "*.domain"
 	Inject Injection `json:"inject"`
 }
 

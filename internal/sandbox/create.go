@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"strings"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -27,6 +28,12 @@ type CreateRequest struct {
 	MemoryMB  int               `json:"memory_mb"`
 	// Snapshot, when set, creates the sandbox from that snapshot.
 	Snapshot string `json:"snapshot"`
+	// Network is the egress policy; nil or empty: no network at all.
+	Network *NetworkSpec `json:"network"`
+	// Secrets names the team's secrets the sandbox may use: its env gets
+	// an opaque placeholder for each, which the egress proxy swaps for
+	// the value on the way to the secret's hosts only.
+	Secrets []string `json:"secrets"`
 }
 
 var (
@@ -130,6 +137,9 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	if err := s.validateCreate(&req); err != nil {
 		return store.Sandbox{}, err
 	}
+	if err := s.validateNetwork(ctx, c, req.Network, req.Secrets); err != nil {
+		return store.Sandbox{}, err
+	}
 	tpl, err := s.store.GetTemplate(ctx, req.Template)
 	if err != nil {
 		return store.Sandbox{}, errdefs.NotFound("template %q not found", req.Template)
@@ -153,6 +163,10 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	if err := s.store.CreateSandbox(ctx, sb); err != nil {
 		return store.Sandbox{}, err
 	}
+	if err := s.putNetwork(ctx, sb.ID, req.Network, req.Secrets); err != nil {
+		_ = s.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
+		return store.Sandbox{}, err
+	}
 	log := s.log.With("sandbox", sb.ID)
 	// Creation must finish or roll back even if the client goes away.
 	ctx = context.WithoutCancel(ctx)
@@ -164,6 +178,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		for i := len(cleanup) - 1; i >= 0; i-- {
 			cleanup[i]()
 		}
+		s.forgetNetwork(sb.ID)
 		if err := s.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); err != nil {
 			log.Error("rollback: delete record", "err", err)
 		}
@@ -197,8 +212,9 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	agent := agentclient.New(inst.DialAgent, log)
 	cleanup = append(cleanup, func() { agent.Close() })
 	// The hostname is the driver's business (set in the spec); Init
-	// carries the identity the agent hands to every process.
-	if err := agent.Init(ctx, agentproto.InitRequest{SandboxID: sb.ID, Env: sb.Env}); err != nil {
+	// carries the identity the agent hands to every process, and the
+	// egress endpoint when the sandbox has a network.
+	if err := s.initAgent(ctx, sb, agent, agentproto.InitRequest{}, true); err != nil {
 		return rollback(fmt.Errorf("sandbox agent did not come up: %v: %w", err, errdefs.ErrUnavailable))
 	}
 	l := &live{inst: inst, agent: agent}
@@ -237,4 +253,20 @@ func (s *Service) watch(id string, l *live) {
 		s.log.Warn("sandbox stopped on its own", "sandbox", id, "reason", st.Reason)
 		_ = s.destroy(context.Background(), id, l, st.Reason)
 	}()
+}
+
+// putNetwork records a new sandbox's network policy and the names of its
+// secrets (placeholders are minted when the agent is initialised).
+func (s *Service) putNetwork(ctx context.Context, id string, spec *NetworkSpec, secrets []string) error {
+	if (spec == nil || spec.empty()) && len(secrets) == 0 {
+		return nil
+	}
+	n := store.Network{SandboxID: id, Secrets: map[string]string{}}
+	if spec != nil {
+		n.Allow, n.Deny = strings.Join(spec.Allow, ","), strings.Join(spec.Deny, ",")
+	}
+	for _, name := range secrets {
+		n.Secrets[name] = name // replaced by a placeholder at bind time
+	}
+	return s.store.PutNetwork(ctx, n)
 }

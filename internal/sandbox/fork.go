@@ -175,6 +175,7 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 		if inst != nil {
 			_ = inst.Destroy(ctx)
 		}
+		s.forgetNetwork(sb.ID)
 		_ = s.store.DeleteSandbox(ctx, sb.ID)
 		return store.Sandbox{}, err
 	}
@@ -195,10 +196,17 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 		return fail(err)
 	}
 	agent = agentclient.New(inst.DialAgent, log)
+	if n, err := s.store.GetNetwork(ctx, parent.ID); err == nil {
+		// The same policy and secrets, with placeholders of its own.
+		n.SandboxID = sb.ID
+		if err := s.store.PutNetwork(ctx, n); err != nil {
+			return fail(err)
+		}
+	}
 	seed := make([]byte, 32)
 	rand.Read(seed)
 	// A fresh identity: the new id and env, new entropy, the host's clock.
-	if err := agent.Init(ctx, agentproto.InitRequest{SandboxID: sb.ID, Env: sb.Env, Seed: seed, Time: s.now().UTC()}); err != nil {
+	if err := s.initAgent(ctx, sb, agent, agentproto.InitRequest{Seed: seed, Time: s.now().UTC()}, true); err != nil {
 		return fail(fmt.Errorf("restored agent did not answer: %v: %w", err, errdefs.ErrUnavailable))
 	}
 	l := &live{inst: inst, agent: agent}

@@ -118,6 +118,7 @@ func (s *Service) destroy(ctx context.Context, id string, l *live, reason string
 			return errdefs.Unavailable("sandbox %s could not be destroyed; it is marked error and can be killed again", id)
 		}
 	}
+	s.forgetNetwork(id)
 	if err := s.store.UpdateSandboxState(ctx, id, []string{StateStopping}, StateStopped, reason); err != nil {
 		return err
 	}
@@ -218,6 +219,15 @@ func (s *Service) Recover(ctx context.Context) error {
 			continue
 		}
 		l := &live{inst: inst, agent: agentclient.New(inst.DialAgent, log)}
+		if s.egress != nil {
+			if n, err := s.store.GetNetwork(ctx, sb.ID); err == nil {
+				// The agent's endpoint and its processes' env survived;
+				// the proxy's state is rebuilt from the record.
+				if _, err := s.bindNetwork(ctx, sb, n, l.agent, false); err != nil {
+					log.Error("re-bind network after restart", "err", err)
+				}
+			}
+		}
 		s.mu.Lock()
 		s.live[sb.ID] = l
 		s.mu.Unlock()

@@ -73,7 +73,8 @@ type Service struct {
 	// history takes its checkpoint there).
 	onPause func(ctx context.Context, sb store.Sandbox)
 
-	snaps *Snapshots // nil: snapshots disabled
+	snaps  *Snapshots   // nil: snapshots disabled
+	egress *egressState // nil: no network for any sandbox
 	tplMu sync.Mutex // one template indexing at a time
 }
 

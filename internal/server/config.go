@@ -24,6 +24,10 @@ type Config struct {
 	SnapshotIntervalS int    // --snapshot-interval: automatic files snapshots (default 300; -1 off)
 	RetentionDays     int    // --retention-days (default 7)
 	CheckpointOnPause string // --checkpoint-on-pause: on|off (default on)
+	// Egress operator options, all off by default (defaults stay strict).
+	EgressHosts     string // --egress-hosts: "name=ip[,name=ip]" names the proxy resolves itself
+	EgressAllowCIDR string // --egress-allow-cidr: "10.0.0.0/8[,…]" private ranges the proxy may reach
+	EgressRootCA    string // --egress-root-ca: PEM file of extra roots for upstream TLS verification
 }
 
 // DefaultDataDir is where a server keeps its state unless told otherwise.

@@ -89,6 +89,12 @@ func Run(ctx context.Context, cfg Config) error {
 		Store: snaps, Interval: interval, CheckpointOnPause: cfg.CheckpointOnPause != "off",
 		Retention: snapshot.Policy{KeepAll: time.Hour, Hourly: 24 * time.Hour, Daily: retain, NamedMaxAge: retain},
 	})
+	eg, err := newEgress(cfg, log)
+	if err != nil {
+		return fmt.Errorf("egress: %w", err)
+	}
+	reg.MustRegister(eg.Proxy.Collectors()...)
+	svc.SetEgress(eg)
 	if err := svc.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}

@@ -92,6 +92,23 @@ CREATE TABLE snapshots (
 CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id, created_at);
 CREATE INDEX snapshots_team ON snapshots(team, created_at);
 `,
+	// 3: egress: a sandbox's network policy and secret bindings (kept
+	// across restarts, pause and fork), and secret ownership.
+	`
+CREATE TABLE sandbox_network (
+	sandbox_id TEXT PRIMARY KEY REFERENCES sandboxes(id) ON DELETE CASCADE,
+	allow      TEXT NOT NULL DEFAULT '',
+	deny       TEXT NOT NULL DEFAULT '',
+	secrets    TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE secrets (
+	team       TEXT NOT NULL,
+	name       TEXT NOT NULL,
+	hosts      TEXT NOT NULL DEFAULT '[]',
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (team, name)
+);
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

@@ -141,7 +141,9 @@ type cpioWriter struct {
 	err error
 }
 
-func newCpioWriter(w io.Writer) *cpioWriter { return &cpioWriter{w: bufio.NewWriterSize(w, 1<<20), ino: 1} }
+func newCpioWriter(w io.Writer) *cpioWriter {
+	return &cpioWriter{w: bufio.NewWriterSize(w, 1<<20), ino: 1}
+}
 
 func (c *cpioWriter) header(name string, mode uint32, size int64, rmaj, rmin int) {
 	if c.err != nil {

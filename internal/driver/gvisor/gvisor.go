@@ -144,34 +144,21 @@ func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string) (_ 
 	if err := os.WriteFile(filepath.Join(inst.bundleDir(), "config.json"), cfgJSON, 0o600); err != nil {
 		return nil, err
 	}
-	// The sandbox inherits runsc's stdio for its whole life, so it gets a
-	// log file (append-only: gVisor writes at offset 0 otherwise), never
-	// a pipe the server would have to drain.
-	logf, err := os.OpenFile(inst.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	pidFile := filepath.Join(spec.StateDir, "pid")
-	args := append([]string{"--root", d.cfg.Root}, d.createFlags(spec)...)
+	inst.flags = d.createFlags(spec)
 	if image == "" {
-		args = append(args, "create", "--bundle", inst.bundleDir(), "--pid-file", pidFile, spec.ID)
-	} else {
-		args = append(args, "restore", "--detach", "--image-path", image, "--bundle", inst.bundleDir(), "--pid-file", pidFile, spec.ID)
+		// Nothing runs until Start: `runsc run --detach` there. (Not
+		// create+start: a sandbox made by `runsc create` with
+		// --network=none comes up without a loopback interface, and the
+		// egress endpoint lives on loopback.)
+		return inst, nil
 	}
-	cmd := exec.CommandContext(ctx, d.cfg.Runsc, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Run(); err != nil {
-		verb := "create"
-		if image != "" {
-			verb = "restore"
-		}
-		return nil, fmt.Errorf("runsc %s: %v: %s", verb, err, tailFile(inst.logPath(), 2000))
+	if err := inst.runsc(ctx, "restore", "--detach", "--image-path", image, "--bundle", inst.bundleDir(), "--pid-file", inst.pidPath(), spec.ID); err != nil {
+		return nil, err
 	}
 	inst.created = true
 	if image != "" {
 		inst.started = true
-		if b, err := os.ReadFile(pidFile); err == nil {
+		if b, err := os.ReadFile(inst.pidPath()); err == nil {
 			fmt.Sscan(string(b), &inst.pid)
 		}
 	}
@@ -343,6 +330,7 @@ type Instance struct {
 	ln        net.Listener
 	conns     chan net.Conn
 	current   net.Conn // the connection last handed out by DialAgent
+	flags     []string // runsc global flags of this sandbox (same for run and restore)
 	created   bool
 	started   bool
 	pid       int
@@ -354,6 +342,7 @@ func (i *Instance) runDir() string    { return filepath.Join(i.stateDir, "run") 
 func (i *Instance) upperDir() string  { return filepath.Join(i.stateDir, "upper") }
 func (i *Instance) sockPath() string  { return filepath.Join(i.runDir(), "agent.sock") }
 func (i *Instance) logPath() string   { return filepath.Join(i.stateDir, "console.log") }
+func (i *Instance) pidPath() string   { return filepath.Join(i.stateDir, "pid") }
 
 // ID implements driver.Instance.
 func (i *Instance) ID() string { return i.id }
@@ -421,12 +410,37 @@ func (i *Instance) Start(ctx context.Context) error {
 	}
 	i.started = true
 	i.mu.Unlock()
-	if _, err := i.d.runsc(ctx, i, nil, "start", i.id); err != nil {
+	if err := i.runsc(ctx, "run", "--detach", "--bundle", i.bundleDir(), "--pid-file", i.pidPath(), i.id); err != nil {
 		return err
 	}
-	pid, err := os.ReadFile(filepath.Join(i.stateDir, "pid"))
-	if err == nil {
-		fmt.Sscan(string(pid), &i.pid)
+	i.mu.Lock()
+	i.created = true
+	i.mu.Unlock()
+	if b, err := os.ReadFile(i.pidPath()); err == nil {
+		fmt.Sscan(string(b), &i.pid)
+	}
+	return nil
+}
+
+// runsc starts a sandbox with `runsc <flags> verb args…`. The sandbox
+// inherits runsc's stdio for its whole life, so it gets a log file
+// (append-only: gVisor writes at offset 0 otherwise), never a pipe the
+// server would have to drain.
+func (i *Instance) runsc(ctx context.Context, verb string, args ...string) error {
+	logf, err := os.OpenFile(i.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	full := append(append([]string{"--root", i.d.cfg.Root}, i.flags...), verb)
+	cmd := exec.CommandContext(ctx, i.d.cfg.Runsc, append(full, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		// A half-made container must not linger.
+		i.mu.Lock()
+		i.created = true
+		i.mu.Unlock()
+		return fmt.Errorf("runsc %s: %v: %s", verb, err, tailFile(i.logPath(), 2000))
 	}
 	return nil
 }

@@ -1,0 +1,184 @@
+package qemu_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/driver/drivertest"
+	"github.com/spacesandbox/space/internal/driver/qemu"
+	"github.com/spacesandbox/space/internal/testenv"
+)
+
+type env struct {
+	d     *qemu.Driver
+	img   string
+	agent string
+	root  string
+}
+
+func newEnv(t testing.TB) *env {
+	testenv.QEMU(t)
+	e := &env{agent: testenv.Agent(t), img: testenv.BaseImage(t), root: t.TempDir()}
+	d, err := qemu.New(context.Background(), qemu.Config{CacheDir: testenv.VMCacheDir(), Log: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.d = d
+	return e
+}
+
+func (e *env) spec() driver.Spec {
+	b := make([]byte, 6)
+	rand.Read(b)
+	id := "sb-vm" + hex.EncodeToString(b)
+	return driver.Spec{ID: id, Hostname: "sandbox", Rootfs: e.img, RootfsKind: "raw",
+		StateDir: filepath.Join(e.root, id), AgentPath: e.agent, VCPU: 1, MemoryMB: 256}
+}
+
+// boot creates and starts a VM and waits for its agent's answer.
+func (e *env) boot(t testing.TB) (driver.Instance, *agentclient.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	inst, err := e.d.Create(ctx, e.spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inst.Destroy(context.Background()) })
+	if err := inst.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := agentclient.New(inst.DialAgent, nil)
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Info(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return inst, c
+}
+
+func guestTime(t *testing.T, c *agentclient.Client) time.Time {
+	t.Helper()
+	out, _, code := drivertest.Exec(t, c, agentproto.StartRequest{Cmd: []string{"date", "+%s.%N"}})
+	f, err := strconv.ParseFloat(strings.TrimSpace(out), 64)
+	if code != 0 || err != nil {
+		t.Fatalf("date: %q %d %v", out, code, err)
+	}
+	return time.Unix(0, int64(f*1e9))
+}
+
+// TestRestoreClockAndSeed: a restored guest's clock is behind by the time
+// since the checkpoint until the agent's Init steps it (and takes a seed).
+func TestRestoreClockAndSeed(t *testing.T) {
+	e := newEnv(t)
+	inst, _ := e.boot(t)
+	img := filepath.Join(t.TempDir(), "ckpt")
+	if err := inst.(driver.Checkpointer).Checkpoint(t.Context(), img, false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	child, err := e.d.Restore(t.Context(), e.spec(), img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { child.Destroy(context.Background()) })
+	c := agentclient.New(child.DialAgent, nil)
+	defer c.Close()
+	skew := time.Since(guestTime(t, c))
+	t.Logf("guest clock behind by %s after restore", skew.Round(time.Millisecond))
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	if err := c.Init(t.Context(), agentproto.InitRequest{Hostname: "child", Time: time.Now(), Seed: seed}); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(guestTime(t, c)); d > time.Second || d < -time.Second {
+		t.Errorf("guest clock off by %s after Init", d)
+	}
+}
+
+// BenchmarkVM measures, under the accelerator in use: cold boot to the
+// agent's first answer, pause+resume, checkpoint (256 MiB guest, left
+// running), restore to the agent's answer, and the QEMU process's RSS
+// once idle. Run: go test -run XXX -bench VM -benchtime 3x ./internal/driver/qemu/
+func BenchmarkVM(b *testing.B) {
+	e := newEnv(b)
+	b.Logf("accelerator %s", e.d.Accel())
+	var boot, pause, ckpt, restore time.Duration
+	var rss int64
+	for n := 0; n < b.N; n++ {
+		t0 := time.Now()
+		inst, c := e.boot(b)
+		boot += time.Since(t0)
+		time.Sleep(3 * time.Second) // idle
+		rss += vmRSS(b, inst)
+		t0 = time.Now()
+		if err := inst.Pause(b.Context()); err != nil {
+			b.Fatal(err)
+		}
+		if err := inst.Resume(b.Context()); err != nil {
+			b.Fatal(err)
+		}
+		pause += time.Since(t0)
+		img := filepath.Join(b.TempDir(), fmt.Sprint("ckpt", n))
+		t0 = time.Now()
+		if err := inst.(driver.Checkpointer).Checkpoint(b.Context(), img, true); err != nil {
+			b.Fatal(err)
+		}
+		ckpt += time.Since(t0)
+		if _, err := c.Info(b.Context()); err != nil {
+			b.Fatal(err)
+		}
+		t0 = time.Now()
+		child, err := e.d.Restore(b.Context(), e.spec(), img)
+		if err != nil {
+			b.Fatal(err)
+		}
+		kc := agentclient.New(child.DialAgent, nil)
+		if _, err := kc.Info(b.Context()); err != nil {
+			b.Fatal(err)
+		}
+		restore += time.Since(t0)
+		kc.Close()
+		child.Destroy(context.Background())
+		inst.Destroy(context.Background())
+	}
+	N := float64(b.N)
+	b.ReportMetric(boot.Seconds()*1000/N, "boot-ms")
+	b.ReportMetric(float64(pause.Microseconds())/N/1000, "pause+resume-ms")
+	b.ReportMetric(ckpt.Seconds()*1000/N, "checkpoint-ms")
+	b.ReportMetric(restore.Seconds()*1000/N, "restore-ms")
+	b.ReportMetric(float64(rss)/N/(1<<20), "idle-rss-MiB")
+}
+
+func vmRSS(b *testing.B, inst driver.Instance) int64 {
+	var hd struct {
+		Pid int `json:"pid"`
+	}
+	if err := jsonUnmarshal(inst.Handle().Data, &hd); err != nil || hd.Pid == 0 {
+		b.Fatalf("handle: %v", err)
+	}
+	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", hd.Pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(s), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -1,0 +1,106 @@
+package egress
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkProxyConnect measures per-request latency through the proxy
+// against a direct loopback connection: a new connection per request
+// ("cold": dial, CONNECT, TLS handshake) and on a kept-alive connection
+// ("warm"), for plain HTTP, TLS passthrough and TLS interception.
+func BenchmarkProxyConnect(b *testing.B) {
+	e := newEnv(b)
+	e.allow(b, fmt.Sprintf("allowed.test:%d,allowed.test:%d,secret.test:%d", e.httpPort, e.tlsPort, e.tlsPort), "")
+	ph := NewPlaceholder()
+	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("bench-value"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}}); err != nil {
+		b.Fatal(err)
+	}
+	direct := func(keep bool) *http.Client {
+		return &http.Client{Transport: &http.Transport{
+			TLSClientConfig:   &tls.Config{RootCAs: e.pool, ServerName: "allowed.test"},
+			DisableKeepAlives: !keep,
+		}, Timeout: 10 * time.Second}
+	}
+	cases := []struct {
+		name  string
+		url   string
+		proxy bool
+	}{
+		{"http/direct", fmt.Sprintf("http://127.0.0.1:%d/", e.httpPort), false},
+		{"http/proxy", fmt.Sprintf("http://allowed.test:%d/", e.httpPort), true},
+		{"tls/direct", fmt.Sprintf("https://127.0.0.1:%d/", e.tlsPort), false},
+		{"tls/proxy-passthrough", fmt.Sprintf("https://allowed.test:%d/", e.tlsPort), true},
+		{"tls/proxy-intercept", fmt.Sprintf("https://secret.test:%d/", e.tlsPort), true},
+	}
+	for _, keep := range []bool{false, true} {
+		mode := "cold"
+		if keep {
+			mode = "warm"
+		}
+		for _, c := range cases {
+			b.Run(mode+"/"+c.name, func(b *testing.B) {
+				cl := direct(keep)
+				if c.proxy {
+					cl = e.client(keep)
+				}
+				defer cl.CloseIdleConnections()
+				for b.Loop() {
+					req, _ := http.NewRequest("GET", c.url, nil)
+					if strings.Contains(c.name, "intercept") {
+						req.Header.Set("Authorization", ph)
+					}
+					resp, err := cl.Do(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						b.Fatal(resp.Status)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkProxyThroughput downloads 100 MB through the proxy (TLS
+// passthrough and interception) and directly.
+func BenchmarkProxyThroughput(b *testing.B) {
+	e := newEnv(b)
+	e.allow(b, fmt.Sprintf("allowed.test:%d,secret.test:%d", e.tlsPort, e.tlsPort), "")
+	ph := NewPlaceholder()
+	e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("v"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "X-T"}}})
+	const size = 100 << 20
+	for _, c := range []struct{ name, url string }{
+		{"direct", fmt.Sprintf("https://127.0.0.1:%d/?size=%d", e.tlsPort, size)},
+		{"proxy-passthrough", fmt.Sprintf("https://allowed.test:%d/?size=%d", e.tlsPort, size)},
+		{"proxy-intercept", fmt.Sprintf("https://secret.test:%d/?size=%d", e.tlsPort, size)},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			cl := e.client(true)
+			if c.name == "direct" {
+				cl = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: e.pool, ServerName: "allowed.test"}}}
+			}
+			defer cl.CloseIdleConnections()
+			b.SetBytes(size)
+			for b.Loop() {
+				resp, err := cl.Get(c.url)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, _ := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if n != size {
+					b.Fatalf("got %d bytes", n)
+				}
+			}
+		})
+	}
+}
