@@ -1,11 +1,11 @@
 package sandbox
 
 import (
-	"strings"
 	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 	"unicode/utf8"
 

@@ -75,7 +75,7 @@ type Service struct {
 
 	snaps  *Snapshots   // nil: snapshots disabled
 	egress *egressState // nil: no network for any sandbox
-	tplMu sync.Mutex // one template indexing at a time
+	tplMu  sync.Mutex   // one template indexing at a time
 }
 
 func isConflict(err error) bool { return errors.Is(err, errdefs.ErrConflict) }
