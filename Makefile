@@ -11,7 +11,9 @@ CACHE  ?= /var/cache/space
 DATA   ?= /var/lib/space
 LISTEN ?= 127.0.0.1:7070
 RUNSC  := $(CACHE)/runsc-$(RUNSC_VERSION)/runsc
-APT_PACKAGES := mmdebstrap ca-certificates
+# mmdebstrap builds templates; QEMU, qemu-img, e2fsprogs and Debian's cloud
+# kernel serve the qemu driver (its tests run in `make test`).
+APT_PACKAGES := mmdebstrap ca-certificates qemu-system-x86 qemu-utils e2fsprogs linux-image-cloud-amd64
 GOTEST_FLAGS ?= -count=1 -timeout 45m
 
 .PHONY: all deps runsc build run test test-unit bench clean

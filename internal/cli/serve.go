@@ -25,6 +25,7 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "cache", env: "SPACE_CACHE", usage: "cache directory: gVisor build, template builds (default /var/cache/space)", str: &cfg.CacheDir},
 		{name: "listen", env: "SPACE_LISTEN", usage: "address to listen on (default 127.0.0.1:7070)", str: &cfg.Listen},
 		{name: "driver", env: "SPACE_DRIVER", usage: "sandbox driver (default gvisor)", str: &cfg.Driver},
+		{name: "drivers", env: "SPACE_DRIVERS", usage: "drivers to enable, e.g. gvisor,qemu (default: the --driver)", str: &cfg.Drivers},
 		{name: "runsc", env: "SPACE_RUNSC", usage: "path to runsc (default: the cached build)", str: &cfg.RunscPath},
 		{name: "agent", env: "SPACE_AGENT", usage: "path to space-agent (default: next to the space binary)", str: &cfg.AgentPath},
 		{name: "template", env: "SPACE_TEMPLATE", usage: "default template (default base)", str: &cfg.DefaultTemplate},

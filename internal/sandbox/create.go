@@ -188,8 +188,12 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	}
 
 	d := s.drivers[sb.Driver]
+	rootfs, kind, err := s.rootfs(ctx, sb.Driver, tpl)
+	if err != nil {
+		return rollback(err)
+	}
 	spec := driver.Spec{
-		ID: sb.ID, Hostname: "sandbox", Rootfs: tpl.Path, RootfsKind: tpl.Kind,
+		ID: sb.ID, Hostname: "sandbox", Rootfs: rootfs, RootfsKind: kind,
 		StateDir: s.stateDir(sb.ID), AgentPath: s.cfg.AgentPath,
 		VCPU: sb.CPU, MemoryMB: sb.MemoryMB,
 	}

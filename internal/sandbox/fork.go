@@ -183,8 +183,12 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 	if err != nil || tpl.Digest != parent.TemplateDigest {
 		return fail(errdefs.Unavailable("template %s of the checkpoint is no longer available", parent.Template))
 	}
+	rootfs, kind, err := s.rootfs(ctx, parent.Driver, tpl)
+	if err != nil {
+		return fail(err)
+	}
 	spec := driver.Spec{
-		ID: sb.ID, Hostname: "sandbox", Rootfs: tpl.Path, RootfsKind: tpl.Kind,
+		ID: sb.ID, Hostname: "sandbox", Rootfs: rootfs, RootfsKind: kind,
 		StateDir: s.stateDir(sb.ID), AgentPath: s.cfg.AgentPath, VCPU: sb.CPU, MemoryMB: sb.MemoryMB,
 	}
 	inst, err = r.Restore(ctx, spec, image)

@@ -55,6 +55,9 @@ type Config struct {
 	MaxMemoryMB int
 	// StoppedRetention is how long records of stopped sandboxes are kept.
 	StoppedRetention time.Duration
+	// Rootfs resolves a template into what a driver boots (path and
+	// RootfsKind); nil: the template directory for every driver.
+	Rootfs func(ctx context.Context, driver string, tpl store.Template) (path, kind string, err error)
 }
 
 // Service owns every sandbox of one server.
@@ -196,4 +199,16 @@ func validID(id string) bool {
 		}
 	}
 	return true
+}
+
+// rootfs returns the template in the form driver drv boots.
+func (s *Service) rootfs(ctx context.Context, drv string, tpl store.Template) (string, string, error) {
+	if s.cfg.Rootfs == nil {
+		return tpl.Path, tpl.Kind, nil
+	}
+	p, k, err := s.cfg.Rootfs(ctx, drv, tpl)
+	if err != nil {
+		return "", "", fmt.Errorf("prepare template %s for %s: %v: %w", tpl.Name, drv, err, errdefs.ErrUnavailable)
+	}
+	return p, k, nil
 }

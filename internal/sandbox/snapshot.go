@@ -98,12 +98,16 @@ func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name
 	if l == nil {
 		return store.Snapshot{}, errdefs.Unavailable("sandbox %s is not attached", sb.ID)
 	}
-	exp, ok := l.inst.(driver.UpperExporter)
-	if !ok {
-		return store.Snapshot{}, errdefs.NotSupported("driver %s cannot export its filesystem", sb.Driver)
+	// A driver that cannot export its writable layer (a VM's disk is one
+	// qcow2 image) still checkpoints; such checkpoints restore and fork
+	// but have no file-level view.
+	exp, canExport := l.inst.(driver.UpperExporter)
+	if kind == KindFiles && !canExport {
+		return store.Snapshot{}, errdefs.NotSupported("driver %s cannot export its filesystem for a files snapshot", sb.Driver)
 	}
 	var cp driver.Checkpointer
 	if kind == KindCheckpoint {
+		var ok bool
 		if cp, ok = l.inst.(driver.Checkpointer); !ok {
 			return store.Snapshot{}, errdefs.NotSupported("driver %s cannot checkpoint", sb.Driver)
 		}
@@ -129,20 +133,23 @@ func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name
 	}
 	meta := snapshot.Meta{Kind: snapshot.KindFiles, Parent: parent, Name: name, CreatedAt: rec.CreatedAt,
 		Labels: map[string]string{"sandbox": sb.ID, "template_digest": sb.TemplateDigest}}
-	// The writable layer, streamed from the driver straight into the
-	// chunk store.
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(exp.ExportUpper(ctx, pw)) }()
-	filesID := rec.ID
-	if kind == KindCheckpoint {
-		filesID = rec.ID + filesSuffix
+	var bytesNew, bytesTotal int64
+	if canExport {
+		// The writable layer, streamed from the driver straight into
+		// the chunk store.
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(exp.ExportUpper(ctx, pw)) }()
+		filesID := rec.ID
+		if kind == KindCheckpoint {
+			filesID = rec.ID + filesSuffix
+		}
+		fm, err := s.snaps.Store.PutTar(ctx, filesID, pr, meta)
+		pr.CloseWithError(err)
+		if err != nil {
+			return fail(fmt.Errorf("store writable layer: %w", err))
+		}
+		bytesNew, bytesTotal = fm.BytesNew, fm.BytesTotal
 	}
-	fm, err := s.snaps.Store.PutTar(ctx, filesID, pr, meta)
-	pr.CloseWithError(err)
-	if err != nil {
-		return fail(fmt.Errorf("store writable layer: %w", err))
-	}
-	bytesNew, bytesTotal := fm.BytesNew, fm.BytesTotal
 	if kind == KindCheckpoint {
 		dir, err := os.MkdirTemp(s.tmpDir(), "checkpoint-")
 		if err != nil {
@@ -272,6 +279,9 @@ func (s *Service) view(ctx context.Context, sn store.Snapshot) (*snapshot.Manife
 		filesID = sn.ID + filesSuffix
 	}
 	upper, err := s.snaps.Store.Open(filesID)
+	if errors.Is(err, errdefs.ErrNotFound) && sn.Kind == KindCheckpoint {
+		return nil, errdefs.NotSupported("snapshot %s was taken by a driver without a file-level view (a VM checkpoint)", sn.ID)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -24,6 +24,8 @@ import (
 	"github.com/spacesandbox/space/api"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/driver/gvisor"
+	"github.com/spacesandbox/space/internal/driver/qemu"
+	"github.com/spacesandbox/space/internal/vmimage"
 	"github.com/spacesandbox/space/internal/httpapi"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/snapshot"
@@ -57,18 +59,39 @@ func Run(ctx context.Context, cfg Config) error {
 	if _, err := os.Stat(cfg.AgentPath); err != nil {
 		return fmt.Errorf("space-agent binary not found at %s (build it with `make build`, or pass --agent): %w", cfg.AgentPath, err)
 	}
-	var drivers []driver.Driver
-	switch cfg.Driver {
-	case gvisor.Name:
-		d, err := gvisor.New(ctx, gvisor.Config{Runsc: cfg.RunscPath, Root: filepath.Join(cfg.DataDir, "runsc"), Log: log})
-		if err != nil {
-			return fmt.Errorf("%w (build runsc with `make runsc`, or pass --runsc)", err)
-		}
-		drivers = append(drivers, d)
-	default:
-		return fmt.Errorf("driver %q is not available (available: gvisor)", cfg.Driver)
+	enabled := cfg.Drivers
+	if enabled == "" {
+		enabled = cfg.Driver
 	}
-
+	var drivers []driver.Driver
+	names := map[string]bool{}
+	for _, name := range strings.Split(enabled, ",") {
+		name = strings.TrimSpace(name)
+		names[name] = true
+		switch name {
+		case gvisor.Name:
+			d, err := gvisor.New(ctx, gvisor.Config{Runsc: cfg.RunscPath, Root: filepath.Join(cfg.DataDir, "runsc"), Log: log})
+			if err != nil {
+				return fmt.Errorf("%w (build runsc with `make runsc`, or pass --runsc)", err)
+			}
+			drivers = append(drivers, d)
+		case qemu.Name:
+			d, err := qemu.New(ctx, qemu.Config{CacheDir: filepath.Join(cfg.CacheDir, "vm"), Log: log})
+			if err != nil {
+				return err
+			}
+			log.Info("qemu driver ready", "accelerator", d.Accel())
+			drivers = append(drivers, d)
+		case "firecracker":
+			return fmt.Errorf("driver firecracker is not available in this build")
+		default:
+			return fmt.Errorf("driver %q is not available (available: gvisor, qemu)", name)
+		}
+	}
+	if !names[cfg.Driver] {
+		return fmt.Errorf("--driver %s is not among --drivers %s", cfg.Driver, enabled)
+	}
+	vmCache := filepath.Join(cfg.CacheDir, "vm")
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := sandbox.NewMetrics(reg, st.CountSandboxesByState)
@@ -77,6 +100,16 @@ func Run(ctx context.Context, cfg Config) error {
 		DefaultDriver: cfg.Driver, DefaultTemplate: cfg.DefaultTemplate,
 		DefaultTimeout: time.Duration(cfg.DefaultTimeoutS) * time.Second,
 		MaxTimeout:     time.Duration(cfg.MaxTimeoutS) * time.Second,
+		// Each driver gets the template in the form it boots: the
+		// directory for gVisor, a raw ext4 image (built once per template
+		// digest) for VMs.
+		Rootfs: func(ctx context.Context, drv string, tpl store.Template) (string, string, error) {
+			if drv == qemu.Name {
+				img, err := vmimage.RootImage(ctx, vmCache, tpl.Path, tpl.Digest)
+				return img, "raw", err
+			}
+			return tpl.Path, tpl.Kind, nil
+		},
 	}, st, drivers, log, metrics)
 	snaps, err := snapshot.New(filepath.Join(cfg.DataDir, "snapshots"))
 	if err != nil {
