@@ -404,9 +404,10 @@ func TestSecretInjection(t *testing.T) {
 	}
 }
 
-func TestSecretBindingFollowsPort443(t *testing.T) {
-	// With secrets bound, a 443 tunnel to an unrelated host is intercepted
-	// so a placeholder sent there is seen; without secrets it passes through.
+func TestSecretBindingInterceptsEveryTLSTunnel(t *testing.T) {
+	// With secrets bound, every TLS tunnel — to unrelated hosts and on any
+	// port — is intercepted so a placeholder sent there is seen; without
+	// secrets it passes through.
 	e := newEnv(t)
 	if (&session{p: e.p, sb: testSandbox}).intercepts("allowed.test", 443) {
 		t.Error("intercepting without secrets")
@@ -416,7 +417,7 @@ func TestSecretBindingFollowsPort443(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &session{p: e.p, sb: testSandbox}
-	if !s.intercepts("allowed.test", 443) || !s.intercepts("secret.test", 8443) || s.intercepts("allowed.test", 8443) {
+	if !s.intercepts("allowed.test", 443) || !s.intercepts("secret.test", 8443) || !s.intercepts("allowed.test", 8443) {
 		t.Error("interception choice wrong")
 	}
 	if err := e.p.BindSecrets(testSandbox, map[string]Secret{"space_ph_short": {Name: "T", Value: []byte("v"), Hosts: []string{"a.test"}, Inject: Injection{Header: "X"}}}); err == nil {
