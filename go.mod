@@ -4,7 +4,10 @@ go 1.26.8
 
 require github.com/spacesandbox/space/sdk/go v0.0.0
 
-require github.com/klauspost/compress v1.20.4 // indirect
+require (
+	connectrpc.com/connect v1.21.1 // indirect
+	github.com/klauspost/compress v1.20.4 // indirect
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

@@ -74,7 +74,7 @@ func TestEgress(t *testing.T) {
 	const value = "s3cr3t-VALUE-never-inside"
 	up := startUpstream(t, "Bearer "+value)
 	s := startServer(t, "", "--egress-hosts", "allowed.test=127.0.0.1,other.test=127.0.0.1",
-		"--egress-allow-cidr", "127.0.0.1/32", "--egress-root-ca", up.caFile)
+		"--egress-allow-cidr", "127.0.0.1/32", "--egress-root-ca", up.caFile, "--pool-size", "-1")
 	var sec map[string]any
 	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
 		"name": "GITHUB_TOKEN", "value": value, "hosts": []string{"allowed.test"},

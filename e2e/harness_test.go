@@ -166,7 +166,8 @@ func (s *server) stop(cleanup bool) {
 	}
 	s.cmd = nil
 	if s.t != nil && s.t.Failed() {
-		s.t.Logf("server log:\n%s", tail(s.logText(), 8000))
+		os.WriteFile("/tmp/last-server.log", []byte(s.logText()), 0o644)
+		s.t.Logf("server log (full: /tmp/last-server.log):\n%s", tail(s.logText(), 8000))
 	}
 }
 

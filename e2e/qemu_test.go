@@ -14,7 +14,7 @@ import (
 // kill; a gVisor sandbox on the same server keeps working.
 func TestQEMUDriverAPI(t *testing.T) {
 	testenv.QEMU(t)
-	s := startServer(t, "", "--drivers", "gvisor,qemu", "--snapshot-interval", "-1")
+	s := startServer(t, "", "--drivers", "gvisor,qemu", "--snapshot-interval", "-1", "--pool-size", "-1")
 	var sb sandboxView
 	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"driver": "qemu", "memory_mb": 256}, &sb); code != 201 || sb.Driver != "qemu" || sb.State != "running" {
 		t.Fatalf("create qemu sandbox: %d %+v\n%s", code, sb, tail(s.logText(), 3000))

@@ -277,7 +277,7 @@ func hostKernel() string {
 }
 
 func TestRestartRecovers(t *testing.T) {
-	s := startServer(t, "")
+	s := startServer(t, "", "--pool-size", "-1")
 	keep := s.create(nil)
 	gone := s.create(nil)
 	var bg struct{ PID int }

@@ -335,7 +335,7 @@ func TestSnapshotDedup(t *testing.T) {
 }
 
 func TestSnapshotCrashSafety(t *testing.T) {
-	s := startServer(t, "")
+	s := startServer(t, "", "--pool-size", "-1")
 	id := s.create(map[string]any{"memory_mb": 1024})
 	s.put(id, "/home/user/a.txt", strings.NewReader("early"))
 	early := s.snapshot(id, "files", "early")

@@ -107,7 +107,11 @@ func (a *app) rootCommand() *cobra.Command {
 		a.ptyCommand(),
 		a.templateCommand(),
 		a.keysCommand(),
+		a.networkCommand(),
+		a.egressCommand(),
+		a.secretCommand(),
 		a.healthCommand(),
+		a.securityCommand(),
 		a.serveCommand(),
 		a.versionCommand(),
 	)

@@ -21,6 +21,7 @@ func (a *app) createCommand() *cobra.Command {
 		req       space.CreateSandboxRequest
 		env, meta []string
 		asJSON    bool
+		network   networkFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "create [flags]",
@@ -37,6 +38,7 @@ func (a *app) createCommand() *cobra.Command {
 			if req.Metadata, err = parseKV("metadata", meta); err != nil {
 				return err
 			}
+			network.apply(cmd, &req)
 			c, err := a.sdk()
 			if err != nil {
 				return err
@@ -62,6 +64,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.IntVar(&req.CPU, "cpu", 0, "vCPUs")
 	f.IntVar(&req.MemoryMB, "memory", 0, "memory in MB")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	network.register(cmd)
 	return cmd
 }
 

@@ -33,11 +33,13 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "log-format", env: "SPACE_LOG_FORMAT", usage: "text|json (default text)", str: &cfg.LogFormat},
 		{name: "default-timeout", env: "SPACE_DEFAULT_TIMEOUT", usage: "sandbox timeout in seconds when a create asks for none (default 300)", num: &cfg.DefaultTimeoutS},
 		{name: "max-timeout", env: "SPACE_MAX_TIMEOUT", usage: "largest sandbox timeout in seconds (default 86400)", num: &cfg.MaxTimeoutS},
+		{name: "pool-size", env: "SPACE_POOL_SIZE", usage: "warm sandboxes of the default template kept ready; -1 turns the pool off (default 2)", num: &cfg.PoolSize},
 		{name: "snapshot-interval", env: "SPACE_SNAPSHOT_INTERVAL", usage: "seconds between automatic files snapshots of a changing sandbox; -1 turns them off (default 300)", num: &cfg.SnapshotIntervalS},
 		{name: "retention-days", env: "SPACE_RETENTION_DAYS", usage: "how long snapshot history is kept, thinned hourly then daily (default 7)", num: &cfg.RetentionDays},
 		{name: "egress-hosts", env: "SPACE_EGRESS_HOSTS", usage: "operator name map for the egress proxy, name=ip,… (off by default; for tests and internal mirrors)", str: &cfg.EgressHosts},
 		{name: "egress-allow-cidr", env: "SPACE_EGRESS_ALLOW_CIDR", usage: "private ranges the egress proxy may reach, CIDR,… (off by default)", str: &cfg.EgressAllowCIDR},
 		{name: "egress-root-ca", env: "SPACE_EGRESS_ROOT_CA", usage: "PEM file of extra root CAs for upstream TLS (off by default)", str: &cfg.EgressRootCA},
+		{name: "e2b-listen", env: "SPACE_E2B_LISTEN", usage: "address of the E2B-compatible API (control plane and envd on one port; off by default)", str: &cfg.E2BListen}, // E2B facade (internal/e2b)
 		{name: "checkpoint-on-pause", env: "SPACE_CHECKPOINT_ON_PAUSE", usage: "record a checkpoint in the timeline on every pause: on|off (default on)", str: &cfg.CheckpointOnPause},
 	}
 	cmd := &cobra.Command{

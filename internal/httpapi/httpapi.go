@@ -46,6 +46,7 @@ type Config struct {
 	OpenAPI   []byte
 	Gatherer  prometheus.Gatherer
 	Log       *slog.Logger
+	Security  SecurityRunner // nil: the security probe endpoints answer 501
 }
 
 // API is the HTTP handler.
@@ -109,6 +110,8 @@ func New(cfg Config) *API {
 	auth("POST /v1/keys", a.createKey)
 	auth("GET /v1/keys", a.listKeys)
 	auth("DELETE /v1/keys/{id}", a.deleteKey)
+	auth("POST /v1/security/probe", a.securityProbe)
+	auth("GET /v1/security/report", a.securityReport)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
 	})

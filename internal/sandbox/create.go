@@ -160,6 +160,24 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
+	// Creation must finish or roll back even if the client goes away.
+	ctx = context.WithoutCancel(ctx)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+
+	// A warm sandbox of this shape, started ahead of demand, is handed
+	// over when there is one: only the identity remains to be given.
+	if p := s.pools.get(shapeOf(sb)); p != nil {
+		if w := p.take(); w != nil {
+			out, err := s.claim(ctx, c, sb, req, w)
+			if err == nil {
+				s.metrics.CreateLatency.WithLabelValues(sb.Driver).Observe(s.now().Sub(start).Seconds())
+				return out, nil
+			}
+			s.log.Warn("pooled sandbox could not be claimed; creating cold", "sandbox", w.sb.ID, "err", err)
+		}
+	}
+
 	if err := s.store.CreateSandbox(ctx, sb); err != nil {
 		return store.Sandbox{}, err
 	}
@@ -168,15 +186,9 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		return store.Sandbox{}, err
 	}
 	log := s.log.With("sandbox", sb.ID)
-	// Creation must finish or roll back even if the client goes away.
-	ctx = context.WithoutCancel(ctx)
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-
-	var cleanup []func()
-	rollback := func(cause error) (store.Sandbox, error) {
-		for i := len(cleanup) - 1; i >= 0; i-- {
-			cleanup[i]()
+	rollback := func(undo func(), cause error) (store.Sandbox, error) {
+		if undo != nil {
+			undo()
 		}
 		s.forgetNetwork(sb.ID)
 		if err := s.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); err != nil {
@@ -186,11 +198,33 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		s.metrics.CreateErrors.Inc()
 		return store.Sandbox{}, cause
 	}
+	inst, agent, undo, err := s.boot(ctx, sb, tpl)
+	if err != nil {
+		return rollback(nil, err)
+	}
+	// The hostname is the driver's business (set in the spec); Init
+	// carries the identity the agent hands to every process, and the
+	// egress endpoint when the sandbox has a network.
+	if err := s.initAgent(ctx, sb, agent, agentproto.InitRequest{}, true); err != nil {
+		return rollback(undo, fmt.Errorf("sandbox agent did not come up: %v: %w", err, errdefs.ErrUnavailable))
+	}
+	if err := s.goLive(ctx, sb.ID, inst, agent); err != nil {
+		return rollback(undo, err)
+	}
+	s.metrics.CreateLatency.WithLabelValues(sb.Driver).Observe(s.now().Sub(start).Seconds())
+	log.Info("sandbox created", "template", sb.Template, "driver", sb.Driver, "ms", s.now().Sub(start).Milliseconds())
+	return s.store.GetSandbox(ctx, sb.ID)
+}
 
+// boot creates and starts the instance of a recorded sandbox and connects
+// to its agent. On error everything it made is gone; on success undo
+// destroys it.
+func (s *Service) boot(ctx context.Context, sb store.Sandbox, tpl store.Template) (driver.Instance, *agentclient.Client, func(), error) {
+	log := s.log.With("sandbox", sb.ID)
 	d := s.drivers[sb.Driver]
 	rootfs, kind, err := s.rootfs(ctx, sb.Driver, tpl)
 	if err != nil {
-		return rollback(err)
+		return nil, nil, nil, err
 	}
 	spec := driver.Spec{
 		ID: sb.ID, Hostname: "sandbox", Rootfs: rootfs, RootfsKind: kind,
@@ -199,45 +233,49 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	}
 	inst, err := d.Create(ctx, spec)
 	if err != nil {
-		return rollback(fmt.Errorf("create sandbox: %v: %w", err, errdefs.ErrUnavailable))
+		return nil, nil, nil, fmt.Errorf("create sandbox: %v: %w", err, errdefs.ErrUnavailable)
 	}
-	cleanup = append(cleanup, func() {
+	var agent *agentclient.Client
+	undo := func() {
+		if agent != nil {
+			agent.Close()
+		}
 		if err := inst.Destroy(context.WithoutCancel(ctx)); err != nil {
 			log.Error("rollback: destroy", "err", err)
 		}
-	})
+	}
 	h, _ := json.Marshal(inst.Handle())
 	if err := s.store.SetSandboxHandle(ctx, sb.ID, h); err != nil {
-		return rollback(err)
+		undo()
+		return nil, nil, nil, err
 	}
 	if err := inst.Start(ctx); err != nil {
-		return rollback(fmt.Errorf("start sandbox: %v: %w", err, errdefs.ErrUnavailable))
+		undo()
+		return nil, nil, nil, fmt.Errorf("start sandbox: %v: %w", err, errdefs.ErrUnavailable)
 	}
-	agent := agentclient.New(inst.DialAgent, log)
-	cleanup = append(cleanup, func() { agent.Close() })
-	// The hostname is the driver's business (set in the spec); Init
-	// carries the identity the agent hands to every process, and the
-	// egress endpoint when the sandbox has a network.
-	if err := s.initAgent(ctx, sb, agent, agentproto.InitRequest{}, true); err != nil {
-		return rollback(fmt.Errorf("sandbox agent did not come up: %v: %w", err, errdefs.ErrUnavailable))
+	agent = agentclient.New(inst.DialAgent, log)
+	if _, err := agent.Info(ctx); err != nil {
+		undo()
+		return nil, nil, nil, fmt.Errorf("sandbox agent did not come up: %v: %w", err, errdefs.ErrUnavailable)
 	}
+	return inst, agent, undo, nil
+}
+
+// goLive registers a sandbox whose agent has its identity and moves it
+// from creating to running.
+func (s *Service) goLive(ctx context.Context, id string, inst driver.Instance, agent *agentclient.Client) error {
 	l := &live{inst: inst, agent: agent}
 	s.mu.Lock()
-	s.live[sb.ID] = l
+	s.live[id] = l
 	s.mu.Unlock()
-	cleanup = append(cleanup, func() {
+	if err := s.store.UpdateSandboxState(ctx, id, []string{StateCreating}, StateRunning, ""); err != nil {
 		s.mu.Lock()
-		delete(s.live, sb.ID)
+		delete(s.live, id)
 		s.mu.Unlock()
-	})
-	if err := s.store.UpdateSandboxState(ctx, sb.ID, []string{StateCreating}, StateRunning, ""); err != nil {
-		return rollback(err)
+		return err
 	}
-	sb.State = StateRunning
-	s.watch(sb.ID, l)
-	s.metrics.CreateLatency.WithLabelValues(sb.Driver).Observe(s.now().Sub(start).Seconds())
-	log.Info("sandbox created", "template", sb.Template, "driver", sb.Driver, "ms", s.now().Sub(start).Milliseconds())
-	return s.store.GetSandbox(ctx, sb.ID)
+	s.watch(id, l)
+	return nil
 }
 
 // watch marks the sandbox stopped when its instance ends on its own (the

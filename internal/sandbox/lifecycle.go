@@ -197,6 +197,10 @@ func (s *Service) Recover(ctx context.Context) error {
 	for _, sb := range sbs {
 		log := s.log.With("sandbox", sb.ID)
 		var h driver.Handle
+		if sb.State == StatePooled && len(sb.Handle) == 0 {
+			_ = s.store.DeleteSandbox(ctx, sb.ID)
+			continue
+		}
 		if len(sb.Handle) == 0 || json.Unmarshal(sb.Handle, &h) != nil {
 			s.markStopped(ctx, sb, "lost: no driver handle after restart")
 			continue
@@ -207,9 +211,19 @@ func (s *Service) Recover(ctx context.Context) error {
 			continue
 		}
 		inst, err := d.Recover(ctx, h)
+		if err != nil && sb.State == StatePooled {
+			_ = s.store.DeleteSandbox(ctx, sb.ID)
+			continue
+		}
 		if err != nil {
 			log.Warn("recover failed; marking stopped", "err", err)
 			s.markStopped(ctx, sb, "lost: instance gone after restart")
+			continue
+		}
+		if sb.State == StatePooled {
+			// Warm sandboxes of the previous process: nobody owns them.
+			_ = inst.Destroy(ctx)
+			_ = s.store.DeleteSandbox(ctx, sb.ID)
 			continue
 		}
 		if sb.State != StateRunning && sb.State != StatePaused {
@@ -241,9 +255,11 @@ func (s *Service) markStopped(ctx context.Context, sb store.Sandbox, reason stri
 	_ = s.store.UpdateSandboxState(ctx, sb.ID, liveStates, StateStopped, reason)
 }
 
-// Shutdown detaches from every sandbox without stopping it: sandboxes keep
-// running and the next server process re-attaches them.
+// Shutdown drains the warm pools and detaches from every sandbox without
+// stopping it: sandboxes keep running and the next server process
+// re-attaches them.
 func (s *Service) Shutdown() {
+	s.StopPools()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, l := range s.live {

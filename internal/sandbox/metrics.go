@@ -51,7 +51,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	for _, st := range []string{StateCreating, StateRunning, StatePaused, StateStopping, StateStopped, StateError} {
+	for _, st := range []string{StateCreating, StateRunning, StatePaused, StateStopping, StateStopped, StateError, StatePooled} {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[st]), st)
 	}
 }

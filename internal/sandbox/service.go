@@ -11,6 +11,7 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"github.com/spacesandbox/space/internal/agentproto"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -40,7 +41,10 @@ const (
 )
 
 // Live states hold host resources.
-var liveStates = []string{StateCreating, StateRunning, StatePaused, StateStopping, StateError}
+var liveStates = []string{StateCreating, StateRunning, StatePaused, StateStopping, StateError, StatePooled}
+
+// initNone is an Init with nothing beyond the sandbox's own identity.
+var initNone = agentproto.InitRequest{}
 
 // Config configures the service.
 type Config struct {
@@ -75,6 +79,10 @@ type Service struct {
 	// onPause, when set, runs before a sandbox is frozen (the rolling
 	// history takes its checkpoint there).
 	onPause func(ctx context.Context, sb store.Sandbox)
+
+	poolsMu sync.Mutex
+	pools   *pools
+	poolCtx context.Context
 
 	snaps  *Snapshots   // nil: snapshots disabled
 	egress *egressState // nil: no network for any sandbox

@@ -21,6 +21,9 @@ type Config struct {
 	// create asks for none.
 	DefaultTimeoutS int // --default-timeout (default 300)
 	MaxTimeoutS     int // --max-timeout (default 86400)
+	// PoolSize is how many warm sandboxes of the default template are kept
+	// started ahead of demand (--pool-size, default 2; 0 turns it off).
+	PoolSize int
 	// Snapshots.
 	SnapshotIntervalS int    // --snapshot-interval: automatic files snapshots (default 300; -1 off)
 	RetentionDays     int    // --retention-days (default 7)
@@ -29,6 +32,8 @@ type Config struct {
 	EgressHosts     string // --egress-hosts: "name=ip[,name=ip]" names the proxy resolves itself
 	EgressAllowCIDR string // --egress-allow-cidr: "10.0.0.0/8[,…]" private ranges the proxy may reach
 	EgressRootCA    string // --egress-root-ca: PEM file of extra roots for upstream TLS verification
+	// E2B compatibility (internal/e2b): off unless an address is given.
+	E2BListen string // --e2b-listen: address of the E2B-compatible API (e.g. 127.0.0.1:3000)
 }
 
 // DefaultDataDir is where a server keeps its state unless told otherwise.
@@ -62,6 +67,9 @@ func (c *Config) Defaults() {
 	}
 	if c.MaxTimeoutS == 0 {
 		c.MaxTimeoutS = 86400
+	}
+	if c.PoolSize == 0 {
+		c.PoolSize = 2
 	}
 	if c.SnapshotIntervalS == 0 {
 		c.SnapshotIntervalS = 300

@@ -25,6 +25,7 @@ import (
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/driver/gvisor"
 	"github.com/spacesandbox/space/internal/driver/qemu"
+	"github.com/spacesandbox/space/internal/e2b"
 	"github.com/spacesandbox/space/internal/vmimage"
 	"github.com/spacesandbox/space/internal/httpapi"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -171,12 +172,25 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() {
 		defer wg.Done()
 		health.ensureTemplate(bg, tpls, cfg.DefaultTemplate, log)
+		if cfg.PoolSize > 0 {
+			tpl, err := st.GetTemplate(bg, cfg.DefaultTemplate)
+			if err != nil || tpl.Status != store.TemplateReady {
+				log.Warn("no warm pool: default template not ready", "err", err)
+			} else {
+				svc.StartPool(bg, tpl, sandbox.PoolConfig{Size: cfg.PoolSize})
+			}
+		}
 	}()
 	go func() {
 		defer wg.Done()
 		svc.Reap(bg, time.Second)
 	}()
 
+	if cfg.E2BListen != "" { // E2B-compatible API (internal/e2b), stops with bg
+		if err := e2b.Serve(bg, cfg.E2BListen, e2b.Config{Service: svc, Store: st, DataDir: cfg.DataDir, Log: log}); err != nil {
+			return err
+		}
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -50,3 +50,29 @@ func (s *Store) CountSandboxesByState(ctx context.Context) (map[string]int, erro
 	}
 	return out, rows.Err()
 }
+
+// ClaimSandbox hands a pre-started (pooled) sandbox to its owner: it sets
+// the owner's fields and moves it from state "pooled" to "creating" in one
+// compare-and-set. Errors: errdefs.ErrConflict when it is no longer pooled
+// (claimed by someone else or reaped), errdefs.ErrNotFound.
+func (s *Store) ClaimSandbox(ctx context.Context, sb Sandbox) error {
+	env, err := encodeMap(sb.Env)
+	if err != nil {
+		return err
+	}
+	md, err := encodeMap(sb.Metadata)
+	if err != nil {
+		return err
+	}
+	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET team = ?, env = ?, metadata = ?, timeout_s = ?, on_timeout = ?,
+		created_at = ?, updated_at = ?, expires_at = ?, state = 'creating'
+		WHERE id = ? AND state = 'pooled'`,
+		sb.Team, env, md, sb.TimeoutS, sb.OnTimeout, toNanos(sb.CreatedAt), toNanos(sb.CreatedAt), toNanos(sb.ExpiresAt), sb.ID)
+	if err != nil {
+		return fmt.Errorf("store: claim sandbox: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.Conflict("sandbox %s is not pooled", sb.ID)
+	}
+	return nil
+}

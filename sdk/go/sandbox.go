@@ -53,6 +53,12 @@ type CreateSandboxRequest struct {
 	// Snapshot, when set, creates the sandbox from that snapshot (its
 	// template is the snapshot's; Template must then be empty).
 	Snapshot string `json:"snapshot,omitempty"`
+	// Network is the egress policy; nil: no network at all.
+	Network *NetworkPolicy `json:"network,omitempty"`
+	// Secrets names the team's secrets the sandbox may use: its environment
+	// gets a placeholder for each, swapped for the value by the egress proxy
+	// only on the way to the secret's hosts.
+	Secrets []string `json:"secrets,omitempty"`
 }
 
 // CreateSandbox creates and starts a sandbox. It returns when the sandbox is

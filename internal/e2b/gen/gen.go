@@ -1,0 +1,6 @@
+// Package gen holds the Go code generated from api/e2b/*.proto (the envd
+// process and filesystem services as the E2B SDKs speak them). Regenerate
+// with `go generate ./internal/e2b/gen` (needs protoc on PATH).
+package gen
+
+//go:generate sh -c "cd ../../.. && PATH=$(go env GOPATH)/bin:$PATH protoc -I api/e2b -I /usr/include --plugin=protoc-gen-go=$(go env GOPATH)/bin/protoc-gen-go --plugin=protoc-gen-connect-go=$(go env GOPATH)/bin/protoc-gen-connect-go --go_out=. --go_opt=module=github.com/spacesandbox/space --connect-go_out=. --connect-go_opt=module=github.com/spacesandbox/space api/e2b/process.proto api/e2b/filesystem.proto"

@@ -1,0 +1,298 @@
+package sandbox
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// StatePooled is a sandbox started ahead of demand: it has no owner, no
+// identity and no timeout, and is never listed. A claim gives it all three
+// and makes it a normal sandbox; a pooled sandbox is never reused after a
+// claim, and nothing of one caller ever reaches another.
+const StatePooled = "pooled"
+
+// PoolConfig sizes the warm pools.
+type PoolConfig struct {
+	// Size is how many warm sandboxes of the default shape are kept
+	// ready (0: no pool).
+	Size int
+	// Max caps the adaptive target (default 4×Size).
+	Max int
+}
+
+// shape is what must match for a pooled sandbox to serve a create.
+type shape struct {
+	digest, driver string
+	cpu, memoryMB  int
+}
+
+func shapeOf(sb store.Sandbox) shape {
+	return shape{digest: sb.TemplateDigest, driver: sb.Driver, cpu: sb.CPU, memoryMB: sb.MemoryMB}
+}
+
+// warm is one pooled sandbox: booted, agent connected, no identity.
+type warm struct {
+	sb    store.Sandbox
+	inst  driver.Instance
+	agent *agentclient.Client
+}
+
+// pool keeps warm sandboxes of one shape.
+type pool struct {
+	s      *Service
+	shape  shape
+	tpl    store.Template
+	base   int
+	max    int
+	ready  chan *warm
+	kick   chan struct{}
+	target atomic.Int64
+	// claims counts recent claims for the adaptive target.
+	mu     sync.Mutex
+	claims []time.Time
+	boot   time.Duration // last boot time
+}
+
+type pools struct {
+	mu     sync.Mutex
+	byKey  map[shape]*pool
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (ps *pools) get(k shape) *pool {
+	if ps == nil {
+		return nil
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.byKey[k]
+}
+
+// StartPool keeps cfg.Size warm sandboxes of the default template, driver
+// and size, refilling in the background and growing the target with the
+// create rate. StopPools drains them.
+func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolConfig) {
+	if cfg.Size <= 0 {
+		return
+	}
+	if cfg.Max < cfg.Size {
+		cfg.Max = 4 * cfg.Size
+	}
+	req := CreateRequest{Template: tpl.Name}
+	if err := s.validateCreate(&req); err != nil {
+		s.log.Error("warm pool not started", "template", tpl.Name, "err", err)
+		return
+	}
+	k := shape{digest: tpl.Digest, driver: req.Driver, cpu: req.CPU, memoryMB: req.MemoryMB}
+	s.poolsMu.Lock()
+	if s.pools == nil {
+		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		s.pools = &pools{byKey: map[shape]*pool{}, cancel: cancel}
+		s.poolCtx = pctx
+	}
+	ps := s.pools
+	s.poolsMu.Unlock()
+	ps.mu.Lock()
+	if ps.byKey[k] != nil {
+		ps.mu.Unlock()
+		return
+	}
+	p := &pool{s: s, shape: k, tpl: tpl, base: cfg.Size, max: cfg.Max, ready: make(chan *warm, cfg.Max), kick: make(chan struct{}, 1)}
+	p.target.Store(int64(cfg.Size))
+	ps.byKey[k] = p
+	ps.mu.Unlock()
+	ps.wg.Add(1)
+	go func() {
+		defer ps.wg.Done()
+		p.fill(s.poolCtx)
+	}()
+	s.log.Info("warm pool started", "template", tpl.Name, "driver", k.driver, "size", cfg.Size, "max", cfg.Max)
+}
+
+// take returns a warm sandbox, or nil when the pool is empty (the caller
+// then creates cold: a create never waits for the pool).
+func (p *pool) take() *warm {
+	select {
+	case w := <-p.ready:
+		p.mu.Lock()
+		p.claims = append(p.claims, time.Now())
+		p.mu.Unlock()
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+		return w
+	default:
+		return nil
+	}
+}
+
+// adapt sets the target from the claims of the last 30 s: enough warm
+// sandboxes to cover the claims expected while one boots, twice over.
+func (p *pool) adapt() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cut := time.Now().Add(-30 * time.Second)
+	i := 0
+	for i < len(p.claims) && p.claims[i].Before(cut) {
+		i++
+	}
+	p.claims = p.claims[i:]
+	rate := float64(len(p.claims)) / 30
+	want := p.base + int(2*rate*p.boot.Seconds()+0.999)
+	p.target.Store(int64(min(max(want, p.base), p.max)))
+}
+
+// fill keeps the pool at its target until ctx ends, booting one sandbox
+// at a time (boots are CPU-heavy; creates that find the pool empty go
+// cold meanwhile).
+func (p *pool) fill(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	failures := 0
+	for ctx.Err() == nil {
+		p.adapt()
+		if int64(len(p.ready)) < p.target.Load() {
+			start := time.Now()
+			w, err := p.s.bootWarm(ctx, p)
+			if err != nil {
+				failures++
+				p.s.log.Warn("warm pool: boot failed", "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Duration(min(failures, 10)) * time.Second):
+				}
+				continue
+			}
+			failures = 0
+			p.mu.Lock()
+			p.boot = time.Since(start)
+			p.mu.Unlock()
+			select {
+			case p.ready <- w:
+				continue
+			default:
+				p.s.discardWarm(w)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-p.kick:
+		case <-t.C:
+		}
+	}
+}
+
+// bootWarm starts one pooled sandbox: recorded as pooled (so a server
+// crash cleans it up on restart), booted, agent answering.
+func (s *Service) bootWarm(ctx context.Context, p *pool) (*warm, error) {
+	now := s.now().UTC()
+	sb := store.Sandbox{
+		ID: newID(), Team: poolTeam, Template: p.tpl.Name, TemplateDigest: p.tpl.Digest,
+		Driver: p.shape.driver, State: StatePooled, Env: map[string]string{}, Metadata: map[string]string{},
+		CPU: p.shape.cpu, MemoryMB: p.shape.memoryMB, CreatedAt: now, UpdatedAt: now,
+	}
+	if err := s.store.CreateSandbox(ctx, sb); err != nil {
+		return nil, err
+	}
+	inst, agent, _, err := s.boot(ctx, sb, p.tpl)
+	if err != nil {
+		_ = s.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
+		return nil, err
+	}
+	return &warm{sb: sb, inst: inst, agent: agent}, nil
+}
+
+// discardWarm destroys a pooled sandbox that will not be used.
+func (s *Service) discardWarm(w *warm) {
+	ctx := context.Background()
+	w.agent.Close()
+	_ = w.inst.Destroy(ctx)
+	_ = s.store.DeleteSandbox(ctx, w.sb.ID)
+}
+
+// claim turns a warm sandbox into the caller's: owner fields in one
+// compare-and-set, then the identity (env, network, secret placeholders)
+// through the agent. On failure the warm sandbox is destroyed, never put
+// back.
+func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req CreateRequest, w *warm) (store.Sandbox, error) {
+	sb := w.sb
+	sb.Team, sb.Env, sb.Metadata = want.Team, want.Env, want.Metadata
+	sb.TimeoutS, sb.OnTimeout = want.TimeoutS, want.OnTimeout
+	sb.CreatedAt, sb.ExpiresAt = want.CreatedAt, want.ExpiresAt
+	fail := func(err error) (store.Sandbox, error) {
+		s.forgetNetwork(sb.ID)
+		s.discardWarm(w)
+		return store.Sandbox{}, err
+	}
+	if err := s.store.ClaimSandbox(ctx, sb); err != nil {
+		return fail(err)
+	}
+	if err := s.putNetwork(ctx, sb.ID, req.Network, req.Secrets); err != nil {
+		return fail(err)
+	}
+	if err := s.initAgent(ctx, sb, w.agent, initNone, true); err != nil {
+		return fail(err)
+	}
+	if err := s.goLive(ctx, sb.ID, w.inst, w.agent); err != nil {
+		return fail(err)
+	}
+	s.log.Info("sandbox created from the warm pool", "sandbox", sb.ID, "template", sb.Template)
+	return s.store.GetSandbox(ctx, sb.ID)
+}
+
+// StopPools stops refilling and destroys every warm sandbox.
+func (s *Service) StopPools() {
+	s.poolsMu.Lock()
+	ps := s.pools
+	s.poolsMu.Unlock()
+	if ps == nil {
+		return
+	}
+	ps.cancel()
+	ps.wg.Wait()
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	n := 0
+	for _, p := range ps.byKey {
+		for {
+			select {
+			case w := <-p.ready:
+				s.discardWarm(w)
+				n++
+				continue
+			default:
+			}
+			break
+		}
+	}
+	s.log.Info("warm pools drained", "destroyed", n)
+}
+
+// PoolReady reports how many warm sandboxes are ready, per template name.
+func (s *Service) PoolReady() map[string]int {
+	out := map[string]int{}
+	s.poolsMu.Lock()
+	ps := s.pools
+	s.poolsMu.Unlock()
+	if ps == nil {
+		return out
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for _, p := range ps.byKey {
+		out[p.tpl.Name] += len(p.ready)
+	}
+	return out
+}
+
+// poolTeam owns pooled sandboxes until a claim: no API key can have it
+// (team names start with a letter or digit).
+const poolTeam = "_pool"
