@@ -26,12 +26,12 @@ import (
 	"github.com/spacesandbox/space/internal/driver/gvisor"
 	"github.com/spacesandbox/space/internal/driver/qemu"
 	"github.com/spacesandbox/space/internal/e2b"
-	"github.com/spacesandbox/space/internal/vmimage"
 	"github.com/spacesandbox/space/internal/httpapi"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/snapshot"
 	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/template"
+	"github.com/spacesandbox/space/internal/vmimage"
 )
 
 // Run serves until ctx is cancelled. Sandboxes keep running after Run
