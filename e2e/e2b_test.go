@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,6 +33,9 @@ func TestE2BSDK(t *testing.T) {
 
 	addr := freeAddr(t)
 	s := startServer(t, "", "--e2b-listen", addr, "--snapshot-interval", "-1")
+	// code-interpreter-v1 maps to space's python-data template (matplotlib):
+	// built once into the shared cache, a cache hit afterwards.
+	s.buildTemplate("python-data")
 	teamKey := s.teamKey("e2b-sdk")
 	otherKey := s.teamKey("e2b-other")
 
@@ -87,6 +92,22 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// buildTemplate builds (or finds in the cache) a built-in template.
+func (s *server) buildTemplate(name string) {
+	s.t.Helper()
+	req, _ := http.NewRequest("POST", s.url+"/v1/templates/"+name+"/build", nil)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatalf("build template %s: %v", name, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "event: done") {
+		s.t.Fatalf("build template %s: %d %s", name, resp.StatusCode, tail(string(body), 2000))
+	}
 }
 
 // teamKey makes an API key of team with the admin key.

@@ -94,7 +94,7 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 	done := make(chan error, 1)
 	go func() {
 		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn",
-			SnapshotIntervalS: -1, CheckpointOnPause: "off"})
+			SnapshotIntervalS: -1, CheckpointOnPause: "off", PoolSize: -1})
 	}()
 	if err := b.waitReady(data, done); err != nil {
 		return err
@@ -183,6 +183,9 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 	}
 	b.rows = append(b.rows, r)
 	if err := b.stateOps(id, raw, cid); err != nil {
+		return err
+	}
+	if err := b.warmCreates(agent, 20, 3); err != nil {
 		return err
 	}
 	b.do("DELETE", "/v1/sandboxes/"+id, nil, nil)
@@ -363,6 +366,77 @@ func (b *bench) stateOps(id string, raw *rawRunsc, cid string) error {
 	b.rows = append(b.rows, unchanged, changed)
 	b.notes = append(b.notes,
 		fmt.Sprintf("Stored bytes per snapshot (%d MiB workspace, %d bytes total): first files snapshot %d new; unchanged %d new; after rewriting one 16 MiB file %d new.", b.wsMB, lastTotal, first.BytesNew, lastNewUnchanged, lastNewChanged))
+	return nil
+}
+
+// warmCreates measures creates served by the warm pool: a second server
+// keeps `clients` sandboxes warm; each round fires that many concurrent
+// creates once the pool is full.
+func (b *bench) warmCreates(agent string, clients, rounds int) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	data := filepath.Join(b.tmp, "warm")
+	done := make(chan error, 1)
+	go func() {
+		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn",
+			SnapshotIntervalS: -1, CheckpointOnPause: "off", PoolSize: clients})
+	}()
+	cold := &bench{url: "", tmp: b.tmp}
+	if err := cold.waitReady(data, done); err != nil {
+		return err
+	}
+	r := row{name: fmt.Sprintf("create (warm pool, %d concurrent clients)", clients), rawName: "runsc create+start → first output (above)"}
+	pooled := func() int {
+		resp, err := http.Get(cold.url + "/metrics")
+		if err != nil {
+			return 0
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		for _, l := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(l, `space_sandboxes{state="pooled"} `) {
+				var n int
+				fmt.Sscan(strings.TrimPrefix(l, `space_sandboxes{state="pooled"} `), &n)
+				return n
+			}
+		}
+		return 0
+	}
+	for round := 0; round < rounds; round++ {
+		deadline := time.Now().Add(3 * time.Minute)
+		for pooled() < clients && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Millisecond)
+		}
+		type res struct {
+			d  time.Duration
+			id string
+		}
+		out := make(chan res, clients)
+		for i := 0; i < clients; i++ {
+			go func() {
+				t0 := time.Now()
+				id, err := cold.create()
+				if err != nil {
+					id = ""
+				}
+				out <- res{time.Since(t0), id}
+			}()
+		}
+		for i := 0; i < clients; i++ {
+			x := <-out
+			if x.id == "" {
+				return fmt.Errorf("warm create failed")
+			}
+			r.space = append(r.space, x.d)
+			defer cold.do("DELETE", "/v1/sandboxes/"+x.id, nil, nil)
+		}
+	}
+	for _, row := range b.rows {
+		if strings.HasPrefix(row.name, "create (cold") {
+			r.raw = row.raw
+		}
+	}
+	b.rows = append(b.rows, r)
 	return nil
 }
 

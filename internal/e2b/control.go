@@ -25,8 +25,8 @@ import (
 var templateAliases = map[string]string{
 	"":                    "base",
 	"base":                "base",
-	"code-interpreter-v1": "code-interpreter",
-	"code-interpreter":    "code-interpreter",
+	"code-interpreter-v1": "python-data", // the code interpreter runs python3 (matplotlib) and node
+	"code-interpreter":    "python-data",
 }
 
 func (h *Handler) controlMux() http.Handler {
@@ -122,9 +122,11 @@ func (h *Handler) domain() *string {
 }
 
 func (h *Handler) sandboxJSON(sb store.Sandbox) sandboxJSON {
+	traffic := h.trafficToken(sb.ID)
 	return sandboxJSON{
 		SandboxID: e2bID(sb.ID), TemplateID: sb.Template, ClientID: "space",
 		EnvdVersion: EnvdVersion, EnvdAccessToken: h.accessToken(sb.ID), Domain: h.domain(),
+		TrafficAccessToken: &traffic,
 	}
 }
 
@@ -265,7 +267,20 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		h.writeError(w, r, err)
 		return
 	}
+	h.forget(sb.ID)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// forget drops what the facade keeps in memory for a killed sandbox (code
+// contexts, process tags). Sandboxes that end otherwise (timeout) leave a
+// few bytes until the server restarts.
+func (h *Handler) forget(id string) {
+	h.interpState.mu.Lock()
+	delete(h.interpState.contexts, id)
+	h.interpState.mu.Unlock()
+	h.procs.mu.Lock()
+	delete(h.procs.tags, id)
+	h.procs.mu.Unlock()
 }
 
 type timeoutBody struct {

@@ -68,7 +68,11 @@ type Handler struct {
 	tokenKey []byte
 	control  http.Handler
 	envd     http.Handler
+	interp   http.Handler
+	procs    *processServer
 	watchers *watchers
+	// interpState holds the code interpreter's contexts.
+	interpState *interpreter
 }
 
 // New builds the handler.
@@ -83,6 +87,8 @@ func New(cfg Config) (*Handler, error) {
 	h := &Handler{cfg: cfg, svc: cfg.Service, log: cfg.Log.With("api", "e2b"), tokenKey: key, watchers: newWatchers()}
 	h.control = h.controlMux()
 	h.envd = h.envdMux()
+	h.interpState = &interpreter{contexts: map[string]map[string]*codeContext{}}
+	h.interp = h.interpreterMux()
 	return h, nil
 }
 
@@ -128,6 +134,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch port {
 	case EnvdPort:
 		h.serveEnvd(w, r, id)
+	case InterpreterPort:
+		h.serveInterpreter(w, r, id)
 	default:
 		writeJSONError(w, http.StatusBadGateway, fmt.Sprintf("port %d of sandbox %s is not exposed by space", port, id))
 	}
@@ -183,6 +191,14 @@ func (h *Handler) accessToken(id string) string {
 	m := hmac.New(sha256.New, h.tokenKey)
 	m.Write([]byte(id))
 	return "ea_" + hex.EncodeToString(m.Sum(nil))[:40]
+}
+
+// trafficToken guards the code interpreter's port; the SDK sends it as
+// E2B-Traffic-Access-Token on every call there.
+func (h *Handler) trafficToken(id string) string {
+	m := hmac.New(sha256.New, h.tokenKey)
+	m.Write([]byte("traffic:" + id))
+	return "et_" + hex.EncodeToString(m.Sum(nil))[:40]
 }
 
 func loadTokenKey(dataDir string) ([]byte, error) {

@@ -41,7 +41,8 @@ func targetOf(ctx context.Context) envdTarget {
 
 func (h *Handler) envdMux() http.Handler {
 	m := http.NewServeMux()
-	p, ph := processconnect.NewProcessHandler(&processServer{h: h})
+	h.procs = &processServer{h: h}
+	p, ph := processconnect.NewProcessHandler(h.procs)
 	m.Handle(p, ph)
 	f, fh := filesystemconnect.NewFilesystemHandler(&filesystemServer{h: h})
 	m.Handle(f, fh)

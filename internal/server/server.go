@@ -28,6 +28,7 @@ import (
 	"github.com/spacesandbox/space/internal/e2b"
 	"github.com/spacesandbox/space/internal/httpapi"
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/security"
 	"github.com/spacesandbox/space/internal/snapshot"
 	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/template"
@@ -144,6 +145,7 @@ func Run(ctx context.Context, cfg Config) error {
 	api := httpapi.New(httpapi.Config{
 		Service: svc, Store: st, Templates: tpls, Health: health.get,
 		OpenAPI: api.OpenAPI, Gatherer: reg, Log: log,
+		Security: security.NewLocal(cfg.DataDir, log),
 	})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

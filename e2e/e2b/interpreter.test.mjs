@@ -1,0 +1,89 @@
+// @e2b/code-interpreter@2.8.0: runCode (port 49999 semantics), state across
+// calls, results, errors, callbacks, code contexts (Python and JavaScript),
+// and a matplotlib chart as PNG on the code-interpreter-v1 template.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox } from '@e2b/code-interpreter'
+import { withSandbox } from './lib.mjs'
+
+// The language tests run on `base` (python3 and node); the chart test
+// needs the template the SDK asks for by default (space's python-data).
+const base = { cls: Sandbox, template: 'base' }
+
+test('runCode: stdout, main result, state across calls, errors', async () => {
+  await withSandbox(async (sbx) => {
+    const r1 = await sbx.runCode('x = 41\nprint("hello")')
+    assert.deepEqual(r1.logs.stdout, ['hello\n'])
+    assert.equal(r1.results.length, 0)
+    assert.equal(r1.error, undefined)
+
+    const r2 = await sbx.runCode('x + 1')
+    assert.equal(r2.text, '42')
+    assert.equal(r2.results[0].isMainResult, true)
+
+    const out = []
+    const errs = []
+    await sbx.runCode('import sys\nprint("a")\nprint("b", file=sys.stderr)', {
+      onStdout: (m) => out.push(m.line), onStderr: (m) => errs.push(m.line),
+    })
+    assert.deepEqual(out, ['a\n'])
+    assert.deepEqual(errs, ['b\n'])
+
+    const bad = await sbx.runCode('def f():\n    return undefined_name\nf()')
+    assert.equal(bad.error.name, 'NameError')
+    assert.match(bad.error.value, /undefined_name/)
+    assert.match(bad.error.traceback, /line 2/)
+    // The kernel survives an error.
+    assert.equal((await sbx.runCode('x')).text, '41')
+
+    const env = await sbx.runCode('import os\nos.environ["ONLY_HERE"]', { envs: { ONLY_HERE: 'yes' } })
+    assert.equal(env.text, "'yes'")
+  }, base)
+})
+
+test('code contexts: Python and JavaScript, isolated state, restart, remove', async () => {
+  await withSandbox(async (sbx) => {
+    const py = await sbx.createCodeContext({ language: 'python' })
+    const py2 = await sbx.createCodeContext({ language: 'python', cwd: '/tmp' })
+    const js = await sbx.createCodeContext({ language: 'javascript' })
+    assert.equal(js.language, 'javascript')
+    await sbx.runCode('v = "one"', { context: py })
+    await sbx.runCode('v = "two"', { context: py2 })
+    assert.equal((await sbx.runCode('v', { context: py })).text, "'one'")
+    assert.equal((await sbx.runCode('import os\nos.getcwd()', { context: py2 })).text, "'/tmp'")
+
+    await sbx.runCode('globalThis.n = 20; let m = 1', { context: js })
+    const r = await sbx.runCode('console.log("from js"); n + m + 21', { context: js })
+    assert.deepEqual(r.logs.stdout, ['from js\n'])
+    assert.equal(r.text, '42')
+    const jsErr = await sbx.runCode('nope()', { context: js })
+    assert.equal(jsErr.error.name, 'ReferenceError')
+    // language without a context: the default JavaScript context
+    assert.equal((await sbx.runCode('[1,2,3].length', { language: 'javascript' })).text, '3')
+
+    const ids = (await sbx.listCodeContexts()).map((c) => c.id)
+    for (const c of [py, py2, js]) assert.ok(ids.includes(c.id))
+
+    await sbx.restartCodeContext(py)
+    const lost = await sbx.runCode('v', { context: py })
+    assert.equal(lost.error.name, 'NameError')
+
+    await sbx.removeCodeContext(py2)
+    assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === py2.id))
+  }, base)
+})
+
+test('matplotlib chart comes back as PNG (code-interpreter-v1)', { timeout: 180000 }, async () => {
+  await withSandbox(async (sbx) => {
+    const r = await sbx.runCode([
+      'import matplotlib.pyplot as plt',
+      'plt.plot([1, 2, 3], [1, 4, 9])',
+      'plt.title("squares")',
+      'plt.show()',
+    ].join('\n'))
+    assert.equal(r.error, undefined, r.error && r.error.traceback)
+    const png = r.results.find((x) => x.png)
+    assert.ok(png, `no png in ${JSON.stringify(r.results.map((x) => Object.keys(x)))}`)
+    assert.equal(Buffer.from(png.png, 'base64').subarray(1, 4).toString(), 'PNG')
+  }, { cls: Sandbox })
+})

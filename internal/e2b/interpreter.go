@@ -1,0 +1,349 @@
+package e2b
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// The code interpreter (port 49999 of @e2b/code-interpreter): a kernel
+// process per code context, started in the sandbox through the service
+// (python3 or node running the drivers in kernel/), fed one JSON request
+// per execution on stdin; its messages come back through the process's
+// event log and are passed on as NDJSON.
+
+//go:embed kernel/python.py
+var pythonKernel []byte
+
+//go:embed kernel/javascript.js
+var javascriptKernel []byte
+
+// kernelDir is where the kernels are written in a sandbox.
+const kernelDir = "/tmp/.space-e2b"
+
+// msgMark starts every kernel message line; text before it is raw output.
+const msgMark = '\x1e'
+
+type codeContext struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+
+	mu   sync.Mutex // one execution at a time
+	pid  int
+	seq  uint64 // next event to read
+	part []byte // an unfinished output line
+}
+
+type interpreter struct {
+	mu       sync.Mutex
+	contexts map[string]map[string]*codeContext // sandbox id → context id → context
+}
+
+func (h *Handler) interpreterMux() http.Handler {
+	m := http.NewServeMux()
+	m.HandleFunc("POST /execute", h.execute)
+	m.HandleFunc("GET /contexts", h.listContexts)
+	m.HandleFunc("POST /contexts", h.createContext)
+	m.HandleFunc("DELETE /contexts/{cid}", h.removeContext)
+	m.HandleFunc("POST /contexts/{cid}/restart", h.restartContext)
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSONError(w, http.StatusNotFound, "no route for "+r.Method+" "+r.URL.Path)
+	})
+	return m
+}
+
+// serveInterpreter authenticates a port-49999 request: the envd access
+// token (sent on /execute) or the traffic access token (sent on every
+// call when the create answer had one).
+func (h *Handler) serveInterpreter(w http.ResponseWriter, r *http.Request, id string) {
+	sb, err := h.svc.Get(r.Context(), sandbox.Caller{Admin: true}, id)
+	if err != nil || sb.State != sandbox.StateRunning {
+		writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is not running")
+		return
+	}
+	ok := subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(h.accessToken(id))) == 1 ||
+		subtle.ConstantTimeCompare([]byte(r.Header.Get("E2B-Traffic-Access-Token")), []byte(h.trafficToken(id))) == 1
+	if !ok && r.URL.Path != "/health" {
+		writeJSONError(w, http.StatusUnauthorized, "unauthorized: missing or wrong access token")
+		return
+	}
+	ctx := context.WithValue(r.Context(), targetKey{}, envdTarget{id: id, caller: sandbox.Caller{Team: sb.Team}})
+	h.interp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+func normLanguage(l string) (string, error) {
+	switch strings.ToLower(l) {
+	case "", "python", "python3":
+		return "python", nil
+	case "javascript", "js", "node", "typescript", "ts":
+		return "javascript", nil
+	}
+	return "", errdefs.InvalidArgument("language %q is not supported (python, javascript)", l)
+}
+
+// contextFor returns the context with id cid, or the default context of
+// language when cid is empty (started on first use).
+func (h *Handler) contextFor(ctx context.Context, t envdTarget, cid, language string) (*codeContext, error) {
+	h.interpState.mu.Lock()
+	defer h.interpState.mu.Unlock()
+	m := h.interpState.contexts[t.id]
+	if m == nil {
+		m = map[string]*codeContext{}
+		h.interpState.contexts[t.id] = m
+	}
+	if cid != "" {
+		c := m[cid]
+		if c == nil {
+			return nil, errdefs.NotFound("context %s not found", cid)
+		}
+		return c, nil
+	}
+	lang, err := normLanguage(language)
+	if err != nil {
+		return nil, err
+	}
+	if c := m["default-"+lang]; c != nil {
+		return c, nil
+	}
+	c := &codeContext{ID: "default-" + lang, Language: lang, Cwd: "/home/user"}
+	m[c.ID] = c
+	return c, nil
+}
+
+// start runs the context's kernel (c.mu held).
+func (h *Handler) startKernel(ctx context.Context, t envdTarget, c *codeContext) error {
+	file, src, argv := kernelDir+"/python.py", pythonKernel, []string{"python3", "-u", kernelDir + "/python.py"}
+	if c.Language == "javascript" {
+		file, src, argv = kernelDir+"/javascript.js", javascriptKernel, []string{"node", kernelDir + "/javascript.js"}
+	}
+	if _, err := h.svc.WriteFile(ctx, t.caller, t.id, file, bytes.NewReader(src)); err != nil {
+		return err
+	}
+	pid, err := h.svc.Exec(ctx, t.caller, t.id, sandbox.ExecRequest{Cmd: argv, Cwd: c.Cwd, OpenStdin: true, Background: true})
+	if err != nil {
+		return err
+	}
+	c.pid, c.seq, c.part = pid, 1, nil
+	return nil
+}
+
+func (h *Handler) stopKernel(ctx context.Context, t envdTarget, c *codeContext) {
+	if c.pid != 0 {
+		_ = h.svc.Signal(ctx, t.caller, t.id, c.pid, "SIGKILL")
+	}
+	c.pid = 0
+}
+
+type executeBody struct {
+	Code      string            `json:"code"`
+	ContextID string            `json:"context_id"`
+	Language  string            `json:"language"`
+	EnvVars   map[string]string `json:"env_vars"`
+}
+
+// execute serves POST /execute: the kernel's messages as NDJSON, ending
+// with end_of_execution.
+func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r.Context())
+	var b executeBody
+	if err := decodeJSON(r, &b); err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	if b.ContextID != "" && b.Language != "" {
+		h.writeError(w, r, errdefs.InvalidArgument("give a context_id or a language, not both"))
+		return
+	}
+	c, err := h.contextFor(r.Context(), t, b.ContextID, b.Language)
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// The kernel keeps running if the client goes away mid-execution;
+	// this request only stops reading.
+	ctx := r.Context()
+	if c.pid == 0 {
+		if err := h.startKernel(ctx, t, c); err != nil {
+			h.writeError(w, r, err)
+			return
+		}
+	}
+	line, _ := json.Marshal(map[string]any{"code": b.Code, "env": b.EnvVars})
+	if err := h.svc.Stdin(ctx, t.caller, t.id, c.pid, bytes.NewReader(append(line, '\n')), false); err != nil {
+		c.pid = 0 // the kernel is gone: start a new one next time
+		h.writeError(w, r, err)
+		return
+	}
+	evs, err := h.svc.Events(ctx, t.caller, t.id, c.pid, c.seq, true)
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	defer evs.Close()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	send := func(msg json.RawMessage) {
+		w.Write(append(msg, '\n'))
+		_ = rc.Flush()
+	}
+	sendText := func(kind, text string) {
+		if text == "" {
+			return
+		}
+		m, _ := json.Marshal(map[string]string{"type": kind, "text": text, "timestamp": time.Now().UTC().Format(time.RFC3339Nano)})
+		send(m)
+	}
+	for {
+		ev, err := evs.Next()
+		if err != nil {
+			if !errors.Is(err, io.EOF) && ctx.Err() == nil {
+				h.log.Warn("code interpreter events", "sandbox", t.id, "err", err)
+			}
+			return
+		}
+		c.seq = ev.Seq + 1
+		switch ev.Type {
+		case agentproto.EventStderr:
+			sendText("stderr", string(ev.Data))
+		case agentproto.EventStdout:
+			c.part = append(c.part, ev.Data...)
+			for {
+				i := bytes.IndexByte(c.part, '\n')
+				if i < 0 {
+					break
+				}
+				l := c.part[:i]
+				c.part = c.part[i+1:]
+				raw, msg, found := bytes.Cut(l, []byte{msgMark})
+				if !found {
+					sendText("stdout", string(l)+"\n")
+					continue
+				}
+				sendText("stdout", string(raw))
+				if !json.Valid(msg) {
+					continue
+				}
+				send(append(json.RawMessage(nil), msg...))
+				var head struct {
+					Type string `json:"type"`
+				}
+				_ = json.Unmarshal(msg, &head)
+				if head.Type == "end_of_execution" {
+					return
+				}
+			}
+		case agentproto.EventExit:
+			// The kernel died (os._exit, OOM, killed): report it; the next
+			// execution starts a fresh kernel.
+			c.pid = 0
+			sendText("stdout", string(c.part))
+			m, _ := json.Marshal(map[string]string{"type": "error", "name": "KernelDied", "value": "the kernel exited; its state is lost", "traceback": ""})
+			send(m)
+			send(json.RawMessage(`{"type":"end_of_execution"}`))
+			return
+		}
+	}
+}
+
+func (h *Handler) listContexts(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r.Context())
+	h.interpState.mu.Lock()
+	out := []map[string]string{}
+	for _, c := range h.interpState.contexts[t.id] {
+		out = append(out, map[string]string{"id": c.ID, "language": c.Language, "cwd": c.Cwd})
+	}
+	h.interpState.mu.Unlock()
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r.Context())
+	var b struct {
+		Language string `json:"language"`
+		Cwd      string `json:"cwd"`
+	}
+	if err := decodeJSON(r, &b); err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	lang, err := normLanguage(b.Language)
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	if b.Cwd == "" {
+		b.Cwd = "/home/user"
+	}
+	id := make([]byte, 8)
+	rand.Read(id)
+	c := &codeContext{ID: hex.EncodeToString(id), Language: lang, Cwd: b.Cwd}
+	c.mu.Lock()
+	err = h.startKernel(r.Context(), t, c)
+	c.mu.Unlock()
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	h.interpState.mu.Lock()
+	if h.interpState.contexts[t.id] == nil {
+		h.interpState.contexts[t.id] = map[string]*codeContext{}
+	}
+	h.interpState.contexts[t.id][c.ID] = c
+	h.interpState.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]string{"id": c.ID, "language": c.Language, "cwd": c.Cwd})
+}
+
+func (h *Handler) removeContext(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r.Context())
+	cid := r.PathValue("cid")
+	h.interpState.mu.Lock()
+	c := h.interpState.contexts[t.id][cid]
+	delete(h.interpState.contexts[t.id], cid)
+	h.interpState.mu.Unlock()
+	if c == nil {
+		writeJSONError(w, http.StatusNotFound, "context "+cid+" not found")
+		return
+	}
+	h.stopKernel(r.Context(), t, c)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// restartContext replaces the context's kernel with a fresh one (its state
+// is lost, its id stays).
+func (h *Handler) restartContext(w http.ResponseWriter, r *http.Request) {
+	t := targetOf(r.Context())
+	c, err := h.contextFor(r.Context(), t, r.PathValue("cid"), "")
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h.stopKernel(r.Context(), t, c)
+	if err := h.startKernel(r.Context(), t, c); err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

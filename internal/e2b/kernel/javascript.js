@@ -1,0 +1,52 @@
+// space's JavaScript kernel for the E2B code interpreter (internal/e2b):
+// one Node process per code context; every execution runs in the same vm
+// context, so globals (and top-level let/const) persist. Reads one JSON
+// request per line ({"code", "env"}); writes "\x1e" + JSON + "\n" messages.
+'use strict'
+const vm = require('vm')
+const util = require('util')
+const readline = require('readline')
+
+const write = process.stdout.write.bind(process.stdout)
+const emit = (msg) => write('\x1e' + JSON.stringify(msg) + '\n')
+const text = (args) => util.formatWithOptions({ colors: false }, ...args) + '\n'
+const out = (...a) => emit({ type: 'stdout', text: text(a) })
+const err = (...a) => emit({ type: 'stderr', text: text(a) })
+const sandboxConsole = { log: out, info: out, debug: out, dir: (o) => out(util.inspect(o)), error: err, warn: err, trace: err }
+
+const ctx = vm.createContext({
+  console: sandboxConsole, require, process, Buffer, URL, URLSearchParams, TextEncoder, TextDecoder,
+  setTimeout, clearTimeout, setInterval, clearInterval, setImmediate, clearImmediate, queueMicrotask,
+  fetch: globalThis.fetch, structuredClone,
+})
+
+let count = 0
+let chain = Promise.resolve()
+
+async function run(req) {
+  count++
+  emit({ type: 'number_of_executions', execution_count: count })
+  const saved = { ...process.env }
+  Object.assign(process.env, req.env || {})
+  try {
+    let v = vm.runInContext(req.code || '', ctx, { filename: '<cell>' })
+    if (v && typeof v.then === 'function') v = await v
+    if (v !== undefined) emit({ type: 'result', text: typeof v === 'string' ? v : util.inspect(v), extra: {}, is_main_result: true })
+  } catch (e) {
+    const name = (e && e.name) || 'Error'
+    const value = e && e.message !== undefined ? e.message : String(e)
+    emit({ type: 'error', name, value, traceback: (e && e.stack) || String(e) })
+  } finally {
+    for (const k of Object.keys(process.env)) if (!(k in saved)) delete process.env[k]
+    Object.assign(process.env, saved)
+    emit({ type: 'end_of_execution' })
+  }
+}
+
+readline.createInterface({ input: process.stdin }).on('line', (line) => {
+  let req
+  try { req = JSON.parse(line) } catch { return }
+  chain = chain.then(() => run(req))
+})
+process.on('uncaughtException', (e) => emit({ type: 'stderr', text: String((e && e.stack) || e) + '\n' }))
+process.on('unhandledRejection', (e) => emit({ type: 'stderr', text: String((e && e.stack) || e) + '\n' }))

@@ -1,0 +1,139 @@
+# space's Python kernel for the E2B code interpreter (internal/e2b): one
+# process per code context, state kept in one namespace across executions.
+# Reads one JSON request per line on stdin ({"code", "env"}); writes each
+# message as "\x1e" + JSON + "\n" on stdout. Anything else on fd 1 (a
+# subprocess, os.write) is plain output the host passes on as stdout.
+import ast, base64, io, json, os, sys, threading, traceback
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+_out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8", errors="replace")
+_lock = threading.Lock()
+
+
+def _emit(msg):
+    if msg["type"] not in ("stdout", "stderr"):
+        for s in (sys.stdout, sys.stderr):
+            if isinstance(s, _Stream):
+                s.flush()
+    with _lock:
+        _out.write("\x1e" + json.dumps(msg) + "\n")
+        _out.flush()
+
+
+class _Stream(io.TextIOBase):
+    """Collects writes into whole lines (print writes text and newline
+    separately); flush sends the rest."""
+
+    def __init__(self, kind):
+        self.kind = kind
+        self.buf = ""
+
+    def write(self, s):
+        self.buf += s
+        i = self.buf.rfind("\n")
+        if i >= 0:
+            text, self.buf = self.buf[:i + 1], self.buf[i + 1:]
+            _emit({"type": self.kind, "text": text})
+        return len(s)
+
+    def flush(self):
+        if self.buf:
+            text, self.buf = self.buf, ""
+            _emit({"type": self.kind, "text": text})
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return False
+
+
+_FORMATS = [("_repr_html_", "html"), ("_repr_markdown_", "markdown"), ("_repr_svg_", "svg"),
+            ("_repr_png_", "png"), ("_repr_jpeg_", "jpeg"), ("_repr_latex_", "latex"),
+            ("_repr_json_", "json"), ("_repr_javascript_", "javascript")]
+
+
+def _formats(value):
+    out = {"text": repr(value)}
+    for meth, key in _FORMATS:
+        f = getattr(value, meth, None)
+        if f is None:
+            continue
+        try:
+            r = f()
+        except Exception:
+            continue
+        if r is None:
+            continue
+        if isinstance(r, tuple):
+            r = r[0]
+        if isinstance(r, bytes):
+            r = base64.b64encode(r).decode()
+        out[key] = r
+    fig = sys.modules.get("matplotlib.figure")
+    if fig is not None and isinstance(value, fig.Figure):
+        out["png"] = _png(value)
+    return out
+
+
+def _png(fig):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _figures():
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    for num in plt.get_fignums():
+        fig = plt.figure(num)
+        _emit({"type": "result", "text": repr(fig), "png": _png(fig), "extra": {}, "is_main_result": False})
+    plt.close("all")
+
+
+def display(*objs, **_):
+    for o in objs:
+        _emit(dict(_formats(o), type="result", extra={}, is_main_result=False))
+
+
+_ns = {"__name__": "__main__", "display": display}
+
+
+def _run(code):
+    tree = ast.parse(code, "<cell>", "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, "<cell>", "exec"), _ns)
+    value = eval(compile(last, "<cell>", "eval"), _ns) if last is not None else None
+    _figures()
+    if value is not None:
+        _ns["_"] = value
+        _emit(dict(_formats(value), type="result", extra={}, is_main_result=True))
+
+
+def main():
+    sys.stdout, sys.stderr = _Stream("stdout"), _Stream("stderr")
+    count = 0
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+        except ValueError:
+            continue
+        count += 1
+        _emit({"type": "number_of_executions", "execution_count": count})
+        saved = dict(os.environ)
+        os.environ.update(req.get("env") or {})
+        try:
+            _run(req.get("code", ""))
+        except BaseException as e:  # SystemExit and KeyboardInterrupt too: the kernel lives on
+            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            _emit({"type": "error", "name": type(e).__name__, "value": str(e), "traceback": tb})
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            _emit({"type": "end_of_execution"})
+
+
+main()
