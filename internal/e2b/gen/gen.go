@@ -1,6 +1,10 @@
 // Package gen holds the Go code generated from api/e2b/*.proto (the envd
 // process and filesystem services as the E2B SDKs speak them). Regenerate
-// with `go generate ./internal/e2b/gen` (needs protoc on PATH).
+// with `go generate ./internal/e2b/gen` (needs protoc on PATH, e.g. Debian's
+// protobuf-compiler; the plugins come from the module proxy at the pinned
+// versions).
 package gen
 
-//go:generate sh -c "cd ../../.. && PATH=$(go env GOPATH)/bin:$PATH protoc -I api/e2b -I /usr/include --plugin=protoc-gen-go=$(go env GOPATH)/bin/protoc-gen-go --plugin=protoc-gen-connect-go=$(go env GOPATH)/bin/protoc-gen-connect-go --go_out=. --go_opt=module=github.com/spacesandbox/space --connect-go_out=. --connect-go_opt=module=github.com/spacesandbox/space api/e2b/process.proto api/e2b/filesystem.proto"
+//go:generate go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+//go:generate go install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
+//go:generate sh -c "cd ../../.. && protoc -I api/e2b -I /usr/include --plugin=protoc-gen-go=$(go env GOPATH)/bin/protoc-gen-go --plugin=protoc-gen-connect-go=$(go env GOPATH)/bin/protoc-gen-connect-go --go_out=. --go_opt=module=github.com/spacesandbox/space --connect-go_out=. --connect-go_opt=module=github.com/spacesandbox/space api/e2b/process.proto api/e2b/filesystem.proto"
