@@ -112,6 +112,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.secretCommand(),
 		a.healthCommand(),
 		a.securityCommand(),
+		a.benchCommand(),
 		a.serveCommand(),
 		a.versionCommand(),
 	)
