@@ -28,6 +28,11 @@ type CreateRequest struct {
 	MemoryMB  int               `json:"memory_mb"`
 	// Snapshot, when set, creates the sandbox from that snapshot.
 	Snapshot string `json:"snapshot"`
+	// SnapshotIntervalS overrides the server's automatic files snapshot
+	// interval for this sandbox (-1: none); RetentionDays its history
+	// retention (at most the server's).
+	SnapshotIntervalS int `json:"snapshot_interval_s"`
+	RetentionDays     int `json:"retention_days"`
 	// Network is the egress policy; nil or empty: no network at all.
 	Network *NetworkSpec `json:"network"`
 	// Secrets names the team's secrets the sandbox may use: its env gets
@@ -82,6 +87,12 @@ func (s *Service) validateCreate(r *CreateRequest) error {
 	}
 	if err := validateEnv(r.Env); err != nil {
 		return err
+	}
+	if r.SnapshotIntervalS < -1 || r.SnapshotIntervalS > 7*86400 || (r.SnapshotIntervalS > 0 && r.SnapshotIntervalS < 60) {
+		return errdefs.InvalidArgument("snapshot_interval_s: -1 (off) or 60 to 604800")
+	}
+	if r.RetentionDays < 0 || r.RetentionDays > 7 {
+		return errdefs.InvalidArgument("retention_days: between 1 and 7")
 	}
 	if len(r.Metadata) > 64 {
 		return errdefs.InvalidArgument("metadata: at most 64 entries")
@@ -153,6 +164,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		Driver: req.Driver, State: StateCreating, Env: req.Env, Metadata: req.Metadata,
 		CPU: req.CPU, MemoryMB: req.MemoryMB, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(time.Duration(req.TimeoutS) * time.Second),
+		SnapshotIntervalS: req.SnapshotIntervalS, RetentionDays: req.RetentionDays,
 	}
 	if sb.Env == nil {
 		sb.Env = map[string]string{}

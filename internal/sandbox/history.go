@@ -73,7 +73,14 @@ func (s *Service) AutoSnapshotOnce(ctx context.Context) {
 			prev = &snaps[len(snaps)-1]
 			last = prev.CreatedAt
 		}
-		if s.now().Sub(last) < s.snaps.Interval {
+		interval := s.snaps.Interval
+		if sb.SnapshotIntervalS < 0 {
+			continue
+		}
+		if sb.SnapshotIntervalS > 0 {
+			interval = time.Duration(sb.SnapshotIntervalS) * time.Second
+		}
+		if s.now().Sub(last) < interval {
 			continue
 		}
 		s.mu.Lock()
@@ -139,7 +146,17 @@ func (s *Service) RetainOnce(ctx context.Context) {
 			infos[i] = snapshot.SnapInfo{ID: sn.ID, CreatedAt: sn.CreatedAt, Kind: snapshot.Kind(sn.Kind), Named: sn.Name != ""}
 			byID[sn.ID] = sn
 		}
-		_, drop := snapshot.Thin(infos, s.now().UTC(), s.snaps.Retention)
+		policy := s.snaps.Retention
+		if sb, err := s.store.GetSandbox(ctx, snaps[0].SandboxID); err == nil && sb.RetentionDays > 0 {
+			// A sandbox may keep less history than the server, never more.
+			if d := time.Duration(sb.RetentionDays) * 24 * time.Hour; policy.Daily == 0 || d < policy.Daily {
+				policy.Daily, policy.NamedMaxAge = d, d
+				if policy.Hourly > d {
+					policy.Hourly = d
+				}
+			}
+		}
+		_, drop := snapshot.Thin(infos, s.now().UTC(), policy)
 		for _, id := range drop {
 			if err := s.dropSnapshot(ctx, byID[id]); err == nil {
 				dropped++

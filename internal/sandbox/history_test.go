@@ -128,3 +128,50 @@ func TestRetention(t *testing.T) {
 		t.Errorf("dropped manifest still present")
 	}
 }
+
+// TestRetentionPerSandbox: a sandbox that asks for one day of history keeps
+// nothing older, while the server keeps a week for others.
+func TestRetentionPerSandbox(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := store.Open(ctx, filepath.Join(dir, "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cs, err := snapshot.New(filepath.Join(dir, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	svc := New(Config{DataDir: dir}, st, nil, slog.New(slog.DiscardHandler), nil)
+	svc.now = func() time.Time { return now }
+	svc.SetSnapshots(Snapshots{Store: cs, Interval: -1, Retention: snapshot.DefaultPolicy()})
+	if err := st.CreateSandbox(ctx, store.Sandbox{ID: "sb-short", Team: "t", State: StateStopped, RetentionDays: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		at := now.Add(-time.Duration(i) * 24 * time.Hour)
+		for _, sbID := range []string{"sb-short", "sb-long"} {
+			id := fmt.Sprintf("snap-%s-%d", sbID, i)
+			if err := st.CreateSnapshot(ctx, store.Snapshot{ID: id, SandboxID: sbID, Team: "t", Kind: KindFiles, Status: store.SnapshotReady, CreatedAt: at}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cs.PutTar(ctx, id, bytes.NewReader(tarOf(t, i)), snapshot.Meta{CreatedAt: at}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	svc.RetainOnce(ctx)
+	short, _ := st.ListSnapshots(ctx, "sb-short", "")
+	long, _ := st.ListSnapshots(ctx, "sb-long", "")
+	for _, sn := range short {
+		if now.Sub(sn.CreatedAt) > 24*time.Hour {
+			t.Errorf("sb-short kept %s from %v ago", sn.ID, now.Sub(sn.CreatedAt))
+		}
+	}
+	if len(short) != 2 || len(long) != 5 {
+		t.Errorf("kept %d (1-day sandbox) and %d (server default): want 2 and 5", len(short), len(long))
+	}
+}

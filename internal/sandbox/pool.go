@@ -227,6 +227,7 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 	sb.Team, sb.Env, sb.Metadata = want.Team, want.Env, want.Metadata
 	sb.TimeoutS, sb.OnTimeout = want.TimeoutS, want.OnTimeout
 	sb.CreatedAt, sb.ExpiresAt = want.CreatedAt, want.ExpiresAt
+	sb.SnapshotIntervalS, sb.RetentionDays = want.SnapshotIntervalS, want.RetentionDays
 	fail := func(err error) (store.Sandbox, error) {
 		s.forgetNetwork(sb.ID)
 		s.discardWarm(w)

@@ -65,9 +65,10 @@ func (s *Store) ClaimSandbox(ctx context.Context, sb Sandbox) error {
 		return err
 	}
 	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET team = ?, env = ?, metadata = ?, timeout_s = ?, on_timeout = ?,
-		created_at = ?, updated_at = ?, expires_at = ?, state = 'creating'
+		created_at = ?, updated_at = ?, expires_at = ?, snapshot_interval_s = ?, retention_days = ?, state = 'creating'
 		WHERE id = ? AND state = 'pooled'`,
-		sb.Team, env, md, sb.TimeoutS, sb.OnTimeout, toNanos(sb.CreatedAt), toNanos(sb.CreatedAt), toNanos(sb.ExpiresAt), sb.ID)
+		sb.Team, env, md, sb.TimeoutS, sb.OnTimeout, toNanos(sb.CreatedAt), toNanos(sb.CreatedAt), toNanos(sb.ExpiresAt),
+		sb.SnapshotIntervalS, sb.RetentionDays, sb.ID)
 	if err != nil {
 		return fmt.Errorf("store: claim sandbox: %w", err)
 	}

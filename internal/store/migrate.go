@@ -109,6 +109,11 @@ CREATE TABLE secrets (
 	PRIMARY KEY (team, name)
 );
 `,
+	// 4: per-sandbox snapshot history settings.
+	`
+ALTER TABLE sandboxes ADD COLUMN snapshot_interval_s INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

@@ -39,6 +39,9 @@ type Sandbox struct {
 	UpdatedAt      time.Time
 	ExpiresAt      time.Time // zero: never
 	StoppedAt      *time.Time
+	// Per-sandbox snapshot history settings (0: the server's).
+	SnapshotIntervalS int // seconds between automatic files snapshots; -1: none
+	RetentionDays     int // how long this sandbox's history is kept
 }
 
 // SandboxFilter selects sandboxes for ListSandboxes. Empty fields match
@@ -58,7 +61,8 @@ const (
 )
 
 const sandboxCols = `id, team, template, template_digest, driver, state, reason, handle, env, metadata,
-	cpu, memory_mb, timeout_s, on_timeout, created_at, updated_at, expires_at, stopped_at`
+	cpu, memory_mb, timeout_s, on_timeout, created_at, updated_at, expires_at, stopped_at,
+	snapshot_interval_s, retention_days`
 
 func scanSandbox(sc scanner) (Sandbox, error) {
 	var sb Sandbox
@@ -67,7 +71,7 @@ func scanSandbox(sc scanner) (Sandbox, error) {
 	var stopped sql.NullInt64
 	if err := sc.Scan(&sb.ID, &sb.Team, &sb.Template, &sb.TemplateDigest, &sb.Driver, &sb.State, &sb.Reason,
 		&sb.Handle, &env, &md, &sb.CPU, &sb.MemoryMB, &sb.TimeoutS, &sb.OnTimeout,
-		&created, &updated, &expires, &stopped); err != nil {
+		&created, &updated, &expires, &stopped, &sb.SnapshotIntervalS, &sb.RetentionDays); err != nil {
 		return Sandbox{}, err
 	}
 	var err error
@@ -107,10 +111,11 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 		return err
 	}
 	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.Team, sb.Template, sb.TemplateDigest, sb.Driver, sb.State, sb.Reason, sb.Handle, env, md,
 		sb.CPU, sb.MemoryMB, sb.TimeoutS, sb.OnTimeout,
-		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt), toNullNanos(sb.StoppedAt))
+		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt), toNullNanos(sb.StoppedAt),
+		sb.SnapshotIntervalS, sb.RetentionDays)
 	return classify(err, "sandbox "+sb.ID)
 }
 
