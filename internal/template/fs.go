@@ -5,45 +5,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/spacesandbox/space/internal/filelock"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// lockFile takes an exclusive flock on path, polling so that ctx can
-// cancel the wait. flock locks belong to the open file, so two goroutines
-// of one process exclude each other as two processes do. The lock file is
-// never removed (removing it would race with a waiter holding the old one).
-func lockFile(ctx context.Context, path string) (unlock func(), err error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("template lock: %w", err)
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() {
-				syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-				f.Close()
-			}, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("template lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("waiting for template lock: %w", ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+// lockFile takes the cache's cross-process build lock on path.
+func lockFile(ctx context.Context, path string) (func(), error) {
+	return filelock.Lock(ctx, path)
 }
 
 // removeTree removes dir and everything below it, first detaching any

@@ -15,12 +15,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/spacesandbox/space/internal/filelock"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
-	"time"
 )
 
 // cached returns <dir>/<name>, building it with build(tmpPath) unless it
@@ -54,32 +53,9 @@ func cached(ctx context.Context, dir, name string, build func(tmp string) error)
 	return final, nil
 }
 
-// lockFile takes an exclusive flock on path, polling so that ctx can cancel
-// the wait. The lock file is never removed (a waiter may hold it open).
+// lockFile takes the cache's cross-process build lock on path.
 func lockFile(ctx context.Context, path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("vmimage lock: %w", err)
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() {
-				syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-				f.Close()
-			}, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("vmimage lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("waiting for vmimage lock: %w", ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return filelock.Lock(ctx, path)
 }
 
 // fileDigest is the hex SHA-256 of a file's content.
