@@ -50,12 +50,22 @@ func main() {
 	report := b.report()
 	fmt.Print(report)
 	if *out != "" {
+		// Keep the hand-written part of the file (after the marker):
+		// figures from other benchmarks and what was learned from them.
+		if old, err := os.ReadFile(*out); err == nil {
+			if i := strings.Index(string(old), manualMarker); i >= 0 {
+				report += "\n" + string(old[i:])
+			}
+		}
 		if err := os.WriteFile(*out, []byte(report), 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, "space-bench:", err)
 			os.Exit(1)
 		}
 	}
 }
+
+// manualMarker starts the hand-maintained part of docs/PERF.md.
+const manualMarker = "<!-- manual: kept by make bench -->"
 
 func envOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {
@@ -324,7 +334,10 @@ func (b *bench) stateOps(id string, raw *rawRunsc, cid string) error {
 	}
 	unchanged := row{name: fmt.Sprintf("files snapshot, %d MiB workspace unchanged", b.wsMB), rawName: "runsc tar rootfs-upper > /dev/null"}
 	changed := row{name: fmt.Sprintf("files snapshot, %d MiB workspace, 16 MiB changed", b.wsMB), rawName: "runsc tar rootfs-upper > /dev/null"}
-	var first struct{ BytesNew, BytesTotal int64 }
+	var first struct {
+		BytesNew   int64 `json:"bytes_new"`
+		BytesTotal int64 `json:"bytes_total"`
+	}
 	if err := post("/v1/sandboxes/"+id+"/snapshots", map[string]string{"kind": "files"}, &first); err != nil {
 		return err
 	}
