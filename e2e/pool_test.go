@@ -31,7 +31,7 @@ func pooledCount(t *testing.T, s *server) int {
 // shutdown destroys the warm sandboxes.
 func TestWarmPool(t *testing.T) {
 	s := startServer(t, "", "--pool-size", "2", "--snapshot-interval", "-1")
-	waitFor(t, "the pool to fill", 60*time.Second, func() bool { return pooledCount(t, s) == 2 })
+	waitFor(t, "the pool to fill", 60*time.Second, func() bool { return pooledCount(t, s) >= 2 })
 
 	var a sandboxView
 	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"env": map[string]string{"TENANT": "alpha"}, "metadata": map[string]string{"who": "alpha"}, "timeout_s": 120}, &a); code != 201 {
@@ -73,7 +73,8 @@ func TestWarmPool(t *testing.T) {
 	if len(list.Sandboxes) != 0 {
 		t.Errorf("listed: %+v", list.Sandboxes)
 	}
-	waitFor(t, "the pool to refill", 90*time.Second, func() bool { return pooledCount(t, s) == 2 })
+	// The adaptive target may have grown with the burst of creates.
+	waitFor(t, "the pool to refill", 90*time.Second, func() bool { return pooledCount(t, s) >= 2 })
 	// Graceful shutdown drains the pool: no runsc of this data dir is left.
 	s.stop(false)
 	waitFor(t, "pooled sandboxes to be destroyed", 30*time.Second, func() bool { return len(runscProcs(s.data)) == 0 })
