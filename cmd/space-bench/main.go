@@ -387,9 +387,14 @@ func (b *bench) stateOps(id string, raw *rawRunsc, cid string) error {
 // creates once the pool is full.
 func (b *bench) warmCreates(agent string, clients, rounds int) error {
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	data := filepath.Join(b.tmp, "warm")
 	done := make(chan error, 1)
+	// Stop the server and wait for it (it drains its pool) before the
+	// caller removes the temp dir; the deferred deletes run first.
+	defer func() {
+		cancel()
+		<-done
+	}()
+	data := filepath.Join(b.tmp, "warm")
 	go func() {
 		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn",
 			SnapshotIntervalS: -1, CheckpointOnPause: "off", PoolSize: clients})
