@@ -445,30 +445,27 @@ func (i *Instance) runsc(ctx context.Context, verb string, args ...string) error
 	return nil
 }
 
-// Pause implements driver.Instance.
+// Pause implements driver.Instance. One runsc call on the way; the state
+// is only probed when runsc refuses (pausing a paused sandbox succeeds).
 func (i *Instance) Pause(ctx context.Context) error {
-	st, err := i.state(ctx)
-	if err != nil {
+	if _, err := i.d.runsc(ctx, i, nil, "pause", i.id); err != nil {
+		if st, serr := i.state(ctx); serr == nil && st.Status == "paused" {
+			return nil
+		}
 		return err
 	}
-	if st.Status == "paused" {
-		return nil
-	}
-	_, err = i.d.runsc(ctx, i, nil, "pause", i.id)
-	return err
+	return nil
 }
 
-// Resume implements driver.Instance.
+// Resume implements driver.Instance (resuming a running sandbox succeeds).
 func (i *Instance) Resume(ctx context.Context) error {
-	st, err := i.state(ctx)
-	if err != nil {
+	if _, err := i.d.runsc(ctx, i, nil, "resume", i.id); err != nil {
+		if st, serr := i.state(ctx); serr == nil && st.Status == "running" {
+			return nil
+		}
 		return err
 	}
-	if st.Status != "paused" {
-		return nil
-	}
-	_, err = i.d.runsc(ctx, i, nil, "resume", i.id)
-	return err
+	return nil
 }
 
 // DialAgent implements driver.Instance: it returns the agent's next
