@@ -462,3 +462,27 @@ func urlEscape(p string) string {
 	}
 	return b.String()
 }
+
+// TestReadPseudoFile: /proc files stat as empty but have content; reading
+// one through the files API returns it.
+func TestReadPseudoFile(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	resp, err := s.get(id, "/proc/meminfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(b, []byte("MemTotal")) {
+		t.Errorf("/proc/meminfo: %d %q", resp.StatusCode, b)
+	}
+	// An empty regular file still reads as empty.
+	s.put(id, "/home/user/empty", strings.NewReader(""))
+	resp, _ = s.get(id, "/home/user/empty")
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(b) != 0 {
+		t.Errorf("empty file: %d %q", resp.StatusCode, b)
+	}
+}

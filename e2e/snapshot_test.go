@@ -34,13 +34,15 @@ func (s *server) snapshot(id, kind, name string) snapshotView {
 	return sn
 }
 
-// counterScript prints a counter it keeps only in memory, one per line,
-// every 50 ms, to a file and stdout.
-const counterScript = `import time,sys
+// counterScript keeps a counter only in memory and publishes it every
+// 50 ms to /tmp/counter (atomically: a reader never sees a half-written
+// file).
+const counterScript = `import time,os
 n=0
 while True:
     n+=1
-    open('/tmp/counter','w').write(str(n))
+    open('/tmp/counter.tmp','w').write(str(n))
+    os.replace('/tmp/counter.tmp','/tmp/counter')
     time.sleep(0.05)
 `
 

@@ -151,7 +151,9 @@ func (a *Agent) handleRead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	if fi.Mode().IsRegular() {
+	// Pseudo files (/proc, /sys) stat as empty regular files yet have
+	// content: only a non-zero size is trusted as the length.
+	if fi.Mode().IsRegular() && fi.Size() > 0 {
 		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
 	}
 	w.WriteHeader(http.StatusOK)
