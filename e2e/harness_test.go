@@ -160,7 +160,7 @@ func (s *server) stop(cleanup bool) {
 	go func() { s.cmd.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(60 * time.Second): // a graceful stop drains the warm pool
 		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 		<-done
 	}

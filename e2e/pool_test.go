@@ -77,5 +77,5 @@ func TestWarmPool(t *testing.T) {
 	waitFor(t, "the pool to refill", 90*time.Second, func() bool { return pooledCount(t, s) >= 2 })
 	// Graceful shutdown drains the pool: no runsc of this data dir is left.
 	s.stop(false)
-	waitFor(t, "pooled sandboxes to be destroyed", 30*time.Second, func() bool { return len(runscProcs(s.data)) == 0 })
+	waitFor(t, "pooled sandboxes to be destroyed", 60*time.Second, func() bool { return len(runscProcs(s.data)) == 0 })
 }

@@ -161,7 +161,16 @@ func (p *pool) fill(ctx context.Context) {
 		p.adapt()
 		if int64(len(p.ready)) < p.target.Load() {
 			start := time.Now()
-			w, err := p.s.bootWarm(ctx, p)
+			// A boot is never cut short (killing runsc mid-start can
+			// orphan its sandbox process): it runs to the end, and a
+			// pool that stopped meanwhile discards the result.
+			bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+			w, err := p.s.bootWarm(bctx, p)
+			bcancel()
+			if err == nil && ctx.Err() != nil {
+				p.s.discardWarm(w)
+				return
+			}
 			if err != nil {
 				failures++
 				p.s.log.Warn("warm pool: boot failed", "err", err)
