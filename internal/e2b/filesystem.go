@@ -180,25 +180,7 @@ func (f *filesystemServer) WatchDir(ctx context.Context, req *connect.Request[fi
 	if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Start{Start: &filesystem.WatchDirResponse_StartEvent{}}}); err != nil {
 		return err
 	}
-	type item struct {
-		ev  agentproto.WatchEvent
-		err error
-	}
-	ch := make(chan item, 64)
-	go func() {
-		defer close(ch)
-		for {
-			ev, err := w.Next()
-			select {
-			case ch <- item{ev, err}:
-			case <-ctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
+	ch := pump(ctx, w.Next, 64)
 	tick := time.NewTicker(keepaliveEvery)
 	defer tick.Stop()
 	for {
@@ -216,7 +198,7 @@ func (f *filesystemServer) WatchDir(ctx context.Context, req *connect.Request[fi
 			if it.err != nil {
 				return connectError(it.err)
 			}
-			ev := f.fsEvent(ctx, t, dir, it.ev, req.Msg.GetIncludeEntry())
+			ev := f.fsEvent(ctx, t, dir, it.v, req.Msg.GetIncludeEntry())
 			if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{Filesystem: ev}}); err != nil {
 				return err
 			}

@@ -139,25 +139,7 @@ func (p *processServer) stream(ctx context.Context, t envdTarget, pid int, isPTY
 	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: uint32(pid)}}}); err != nil {
 		return err
 	}
-	type item struct {
-		ev  agentproto.Event
-		err error
-	}
-	ch := make(chan item, 16)
-	go func() {
-		defer close(ch)
-		for {
-			ev, err := evs.Next()
-			select {
-			case ch <- item{ev, err}:
-			case <-ctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
+	ch := pump(ctx, evs.Next, 16)
 	tick := time.NewTicker(keepaliveEvery)
 	defer tick.Stop()
 	for {
@@ -178,14 +160,14 @@ func (p *processServer) stream(ctx context.Context, t envdTarget, pid int, isPTY
 			if it.err != nil {
 				return connectError(it.err)
 			}
-			ev := toProcessEvent(it.ev, isPTY)
+			ev := toProcessEvent(it.v, isPTY)
 			if ev == nil {
 				continue
 			}
 			if err := send(ev); err != nil {
 				return err
 			}
-			if it.ev.Type == agentproto.EventExit {
+			if it.v.Type == agentproto.EventExit {
 				return nil
 			}
 		}
