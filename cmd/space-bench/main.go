@@ -120,7 +120,7 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 	raw := &rawRunsc{runsc: b.runsc, root: filepath.Join(tmp, "raw-root"), rootfs: tpl.Path, dir: filepath.Join(tmp, "raw")}
 
 	// create (cold: no pool) vs runsc create+start to the first output.
-	r := row{name: "create (cold, to agent ready)", rawName: "runsc create+start → first output"}
+	r := row{name: "create (cold, to agent ready)", rawName: "runsc run → first output"}
 	var ids []string
 	for i := 0; i < nCreate; i++ {
 		t0 := time.Now()
@@ -403,7 +403,7 @@ func (b *bench) warmCreates(agent string, clients, rounds int) error {
 	if err := cold.waitReady(data, done); err != nil {
 		return err
 	}
-	r := row{name: fmt.Sprintf("create (warm pool, %d concurrent clients)", clients), rawName: "runsc create+start → first output (above)"}
+	r := row{name: fmt.Sprintf("create (warm pool, %d concurrent clients)", clients), rawName: "runsc run → first output (above)"}
 	pooled := func() int {
 		resp, err := http.Get(cold.url + "/metrics")
 		if err != nil {

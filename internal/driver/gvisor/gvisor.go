@@ -97,7 +97,7 @@ type handleData struct {
 }
 
 // Create implements driver.Driver: it writes the OCI bundle, opens the agent
-// socket and runs `runsc create`. Nothing runs inside until Start.
+// socket. Nothing runs until Start (`runsc run --detach`).
 func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Instance, error) {
 	return d.launch(ctx, spec, "")
 }
@@ -112,8 +112,8 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, checkpointDir st
 	return d.launch(ctx, spec, checkpointDir)
 }
 
-// launch prepares an instance and runs `runsc create` (image == "") or
-// `runsc restore --detach` from a checkpoint image.
+// launch prepares an instance (bundle, state dirs, agent socket); given a
+// checkpoint image it also runs `runsc restore --detach`.
 func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string) (_ *Instance, err error) {
 	if err := d.normalize(&spec); err != nil {
 		return nil, err
