@@ -20,6 +20,7 @@ func Run(args []string) int {
 	listen := fs.String("listen", "", "listen on `addr` (unix:/path) and serve every connection (for local testing)")
 	stdio := fs.Bool("stdio", false, "serve one session over stdin/stdout")
 	serial := fs.String("serial", "", "serve sessions on the serial port at `path` (virtio-serial, e.g. /dev/virtio-ports/agent)")
+	vsock := fs.String("vsock", "", "listen on AF_VSOCK `port` and serve every connection (Firecracker)")
 	vmInitMode := fs.Bool("init", false, "run as a VM's init (PID 1 of the initramfs): mount the root disk and switch to it first")
 	user := fs.String("user", "user", "default user for processes and files")
 	home := fs.String("home", "/home/user", "directory relative paths are resolved against")
@@ -48,6 +49,13 @@ func Run(args []string) int {
 
 	var t Transport
 	switch {
+	case *vsock != "" && *serial == "" && *connect == "" && *listen == "" && !*stdio:
+		port, err := ParseVsockPort(*vsock)
+		if err != nil {
+			log.Error("bad --vsock", "err", err)
+			return 2
+		}
+		t = Vsock(port)
 	case *serial != "" && *connect == "" && *listen == "" && !*stdio:
 		t = Serial(*serial)
 	case *connect != "" && *listen == "" && !*stdio:
@@ -75,7 +83,7 @@ func Run(args []string) int {
 	case *stdio && *connect == "" && *listen == "":
 		t = Stdio()
 	default:
-		fmt.Fprintln(os.Stderr, "space-agent: exactly one of --connect, --listen, --stdio, --serial is required")
+		fmt.Fprintln(os.Stderr, "space-agent: exactly one of --connect, --listen, --stdio, --serial, --vsock is required")
 		fs.Usage()
 		return 2
 	}
