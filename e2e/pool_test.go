@@ -3,12 +3,24 @@ package e2e
 import (
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
+
+// cpuShares reads a gVisor sandbox's cgroup v1 CPU share ("" without
+// cgroup v1).
+func cpuShares(id string) string {
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu/space", id, "cpu.shares"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
 
 func pooledCount(t *testing.T, s *server) int {
 	resp, err := http.Get(s.url + "/metrics")
@@ -32,6 +44,14 @@ func pooledCount(t *testing.T, s *server) int {
 func TestWarmPool(t *testing.T) {
 	s := startServer(t, "", "--pool-size", "2", "--snapshot-interval", "-1")
 	waitFor(t, "the pool to fill", 60*time.Second, func() bool { return pooledCount(t, s) >= 2 })
+	// Warm sandboxes wait at the lowest CPU share, so refills never slow
+	// the sandboxes in use; a claim restores the normal share.
+	pooledIDs, _ := filepath.Glob(filepath.Join(s.data, "sandboxes", "sb-*"))
+	for _, dir := range pooledIDs {
+		if sh := cpuShares(filepath.Base(dir)); sh != "" && sh != "2" {
+			t.Errorf("pooled sandbox %s: cpu.shares %s, want 2", filepath.Base(dir), sh)
+		}
+	}
 
 	var a sandboxView
 	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"env": map[string]string{"TENANT": "alpha"}, "metadata": map[string]string{"who": "alpha"}, "timeout_s": 120}, &a); code != 201 {
@@ -44,6 +64,9 @@ func TestWarmPool(t *testing.T) {
 	}
 	if r := s.sh(a.ID, "echo $TENANT; hostname; id -un"); r.Stdout != "alpha\nsandbox\nuser\n" {
 		t.Errorf("claimed sandbox identity: %+v", r)
+	}
+	if sh := cpuShares(a.ID); sh != "" && sh != "1024" {
+		t.Errorf("claimed sandbox: cpu.shares %s, want 1024", sh)
 	}
 	if a.Metadata["who"] != "alpha" || a.ExpiresAt.Sub(a.CreatedAt) != 120*time.Second || a.State != "running" {
 		t.Errorf("claimed record: %+v", a)
@@ -67,6 +90,17 @@ func TestWarmPool(t *testing.T) {
 		}
 		s.do("DELETE", "/v1/sandboxes/"+b.ID, s.key, nil, nil)
 	}
+	// A claim with a network policy binds it through the agent (the
+	// proxy endpoint and its variables appear).
+	waitFor(t, "a warm sandbox", 90*time.Second, func() bool { return pooledCount(t, s) >= 1 })
+	var n sandboxView
+	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"network": map[string]any{"allow": []string{"example.com"}}}, &n); code != 201 {
+		t.Fatalf("create with network: %d", code)
+	}
+	if r := s.sh(n.ID, "echo $HTTPS_PROXY"); !strings.Contains(r.Stdout, "127.0.0.1:3128") {
+		t.Errorf("claimed sandbox with a network policy: %+v", r)
+	}
+	s.do("DELETE", "/v1/sandboxes/"+n.ID, s.key, nil, nil)
 	// Pooled sandboxes are not visible to anyone.
 	var list struct{ Sandboxes []sandboxView }
 	s.do("GET", "/v1/sandboxes", s.key, nil, &list)

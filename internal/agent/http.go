@@ -163,6 +163,12 @@ func (a *Agent) handleStart(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if r.URL.Query().Get("follow") == "1" {
+		// Start and follow in one round trip: the pid, then the events
+		// until the exit, on the same stream.
+		a.writeEvents(w, r, p, 1, true, &agentproto.StartResponse{PID: p.pid})
+		return
+	}
 	writeJSON(w, agentproto.StartResponse{PID: p.pid})
 }
 
@@ -191,7 +197,12 @@ func (a *Agent) handleEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	follow := r.URL.Query().Get("follow") != "0"
+	a.writeEvents(w, r, p, from, r.URL.Query().Get("follow") != "0", nil)
+}
+
+// writeEvents streams p's events from seq from as NDJSON, after first
+// when it is not nil.
+func (a *Agent) writeEvents(w http.ResponseWriter, r *http.Request, p *process, from uint64, follow bool, first any) {
 	sub := p.log.subscribe(from)
 	defer sub.close()
 
@@ -200,6 +211,11 @@ func (a *Agent) handleEvents(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	defer abortOnDone(r, rc)()
 	enc := json.NewEncoder(w)
+	if first != nil {
+		if err := enc.Encode(first); err != nil {
+			return
+		}
+	}
 	var buf []agentproto.Event
 	for {
 		batch, last, err := sub.next(r.Context(), follow, buf)

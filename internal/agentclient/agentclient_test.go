@@ -663,3 +663,43 @@ func BenchmarkExecTrue(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
+
+// TestRun: start and follow in one round trip gives the pid, the output
+// and the exit; a start that fails is an error, not a stream.
+func TestRun(t *testing.T) {
+	h := newHarness(t, agent.Options{})
+	pid, es, err := h.c.Run(t.Context(), agentproto.StartRequest{Shell: "echo out; echo err >&2; exit 3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer es.Close()
+	var out, errOut []byte
+	var exit agentproto.Event
+	for {
+		ev, err := es.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch ev.Type {
+		case agentproto.EventStdout:
+			out = append(out, ev.Data...)
+		case agentproto.EventStderr:
+			errOut = append(errOut, ev.Data...)
+		case agentproto.EventExit:
+			exit = ev
+		}
+	}
+	if pid <= 0 || string(out) != "out\n" || string(errOut) != "err\n" || exit.ExitCode == nil || *exit.ExitCode != 3 {
+		t.Fatalf("run: pid %d out %q err %q exit %+v", pid, out, errOut, exit)
+	}
+	// The process is known to the agent like any other.
+	if p, err := h.c.Process(t.Context(), pid); err != nil || p.PID != pid {
+		t.Fatalf("process %d after run: %+v %v", pid, p, err)
+	}
+	if _, _, err := h.c.Run(t.Context(), agentproto.StartRequest{Cmd: []string{"/no/such/binary"}}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("run of a missing binary: %v", err)
+	}
+}

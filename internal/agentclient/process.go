@@ -40,6 +40,29 @@ func (c *Client) Start(ctx context.Context, req agentproto.StartRequest) (int, e
 	return resp.PID, err
 }
 
+// Run starts a process and follows its events on the same stream: one
+// round trip instead of Start then Events. Errors as Start.
+func (c *Client) Run(ctx context.Context, req agentproto.StartRequest) (int, *EventStream, error) {
+	resp, err := c.do(ctx, request{method: http.MethodPost, path: agentproto.PathProcesses, json: req, query: url.Values{"follow": {"1"}}})
+	if err != nil {
+		return 0, nil, err
+	}
+	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 256<<10))
+	var sr agentproto.StartResponse
+	if err := dec.Decode(&sr); err != nil {
+		resp.Body.Close()
+		return 0, nil, transportError(ctx, err)
+	}
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/x-ndjson") {
+		// An agent older than Run (a sandbox started before an upgrade)
+		// only started the process: follow it the old way.
+		resp.Body.Close()
+		ev, err := c.Events(ctx, sr.PID, 1, true)
+		return sr.PID, ev, err
+	}
+	return sr.PID, &EventStream{ctx: ctx, body: resp.Body, dec: dec, follow: true}, nil
+}
+
 // Events streams a process's events from seq from (1 = from the start).
 // With follow the stream ends after the exit event; without, after what is
 // buffered. Errors: ErrNotFound for an unknown pid.

@@ -27,6 +27,9 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "driver", env: "SPACE_DRIVER", usage: "sandbox driver (default gvisor)", str: &cfg.Driver},
 		{name: "drivers", env: "SPACE_DRIVERS", usage: "drivers to enable, e.g. gvisor,qemu (default: the --driver)", str: &cfg.Drivers},
 		{name: "runsc", env: "SPACE_RUNSC", usage: "path to runsc (default: the cached build)", str: &cfg.RunscPath},
+		{name: "firecracker", env: "SPACE_FIRECRACKER", usage: "path to firecracker (default: PATH; driver firecracker)", str: &cfg.FirecrackerPath},
+		{name: "jailer", env: "SPACE_JAILER", usage: "path to Firecracker's jailer (default: PATH); none runs firecracker unjailed, for development only", str: &cfg.JailerPath},
+		{name: "firecracker-uid", env: "SPACE_FIRECRACKER_UID", usage: "uid and gid jailed Firecracker VMs run as (default 65534)", num: &cfg.FirecrackerUID},
 		{name: "agent", env: "SPACE_AGENT", usage: "path to space-agent (default: next to the space binary)", str: &cfg.AgentPath},
 		{name: "template", env: "SPACE_TEMPLATE", usage: "default template (default base)", str: &cfg.DefaultTemplate},
 		{name: "log-level", env: "SPACE_LOG_LEVEL", usage: "debug|info|warn|error (default info)", str: &cfg.LogLevel},
@@ -40,6 +43,7 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "egress-allow-cidr", env: "SPACE_EGRESS_ALLOW_CIDR", usage: "private ranges the egress proxy may reach, CIDR,… (off by default)", str: &cfg.EgressAllowCIDR},
 		{name: "egress-root-ca", env: "SPACE_EGRESS_ROOT_CA", usage: "PEM file of extra root CAs for upstream TLS (off by default)", str: &cfg.EgressRootCA},
 		{name: "e2b-listen", env: "SPACE_E2B_LISTEN", usage: "address of the E2B-compatible API (control plane and envd on one port; off by default)", str: &cfg.E2BListen}, // E2B facade (internal/e2b)
+		{name: "debug-listen", env: "SPACE_DEBUG_LISTEN", usage: "loopback address serving Go pprof profiles under /debug/pprof/ (off by default)", str: &cfg.DebugListen},
 		{name: "checkpoint-on-pause", env: "SPACE_CHECKPOINT_ON_PAUSE", usage: "record a checkpoint in the timeline on every pause: on|off (default on)", str: &cfg.CheckpointOnPause},
 	}
 	cmd := &cobra.Command{

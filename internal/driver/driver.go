@@ -84,11 +84,21 @@ type Spec struct {
 	// AgentPath is the host path of the space-agent binary (static).
 	AgentPath string `json:"agent_path"`
 	// Resources.
-	VCPU     int      `json:"vcpu"`          // CPUs (gVisor: CFS quota of this many cores)
-	MemoryMB int      `json:"memory_mb"`     // memory limit
-	DiskMB   int      `json:"disk_mb"`       // writable layer size limit (0: driver default)
-	PidsMax  int      `json:"pids_max"`      // process limit (0: driver default)
-	Env      []string `json:"env,omitempty"` // KEY=VALUE for the agent's environment
+	VCPU     int `json:"vcpu"`      // CPUs (gVisor: CFS quota of this many cores)
+	MemoryMB int `json:"memory_mb"` // memory limit
+	DiskMB   int `json:"disk_mb"`   // writable layer size limit (0: driver default)
+	PidsMax  int `json:"pids_max"`  // process limit (0: driver default)
+	// LowPriority starts the instance with the smallest CPU share, so a
+	// warm pool's boots never slow the sandboxes already in use; a
+	// Prioritizer gives it the normal share when it is handed out.
+	LowPriority bool     `json:"low_priority,omitempty"`
+	Env         []string `json:"env,omitempty"` // KEY=VALUE for the agent's environment
+}
+
+// Prioritizer is implemented by instances that honour Spec.LowPriority.
+type Prioritizer interface {
+	// Prioritize gives a low-priority instance the normal CPU share.
+	Prioritize(ctx context.Context) error
 }
 
 // Handle is the persisted, driver-specific record of an instance.

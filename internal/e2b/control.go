@@ -531,11 +531,7 @@ func (h *Handler) metrics(w http.ResponseWriter, r *http.Request, c sandbox.Call
 func (h *Handler) guestOutput(ctx context.Context, c sandbox.Caller, id string, argv ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	pid, err := h.svc.Exec(ctx, c, id, sandbox.ExecRequest{Cmd: argv, TimeoutS: 10})
-	if err != nil {
-		return nil, err
-	}
-	evs, err := h.svc.Events(ctx, c, id, pid, 1, true)
+	_, evs, err := h.svc.Run(ctx, c, id, sandbox.ExecRequest{Cmd: argv, TimeoutS: 10})
 	if err != nil {
 		return nil, err
 	}

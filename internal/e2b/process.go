@@ -82,7 +82,8 @@ func (p *processServer) Start(ctx context.Context, req *connect.Request[process.
 		size := m.GetPty().GetSize()
 		er.PTY = &agentproto.PTYSize{Cols: uint16(max(size.GetCols(), 1)), Rows: uint16(max(size.GetRows(), 1))}
 	}
-	pid, err := p.h.svc.Exec(ctx, t.caller, t.id, er)
+	// Start and follow in one round trip to the agent.
+	pid, evs, err := p.h.svc.Run(ctx, t.caller, t.id, er)
 	if err != nil {
 		return connectError(err)
 	}
@@ -97,7 +98,7 @@ func (p *processServer) Start(ctx context.Context, req *connect.Request[process.
 		p.tags[t.id][tag] = pid
 		p.mu.Unlock()
 	}
-	return p.stream(ctx, t, pid, isPTY, func(ev *process.ProcessEvent) error {
+	return p.stream(ctx, t, pid, isPTY, evs, func(ev *process.ProcessEvent) error {
 		return stream.Send(&process.StartResponse{Event: ev})
 	})
 }
@@ -122,18 +123,21 @@ func (p *processServer) Connect(ctx context.Context, req *connect.Request[proces
 	if !found {
 		return connectError(errdefs.NotFound("process %d not found", pid))
 	}
-	return p.stream(ctx, t, pid, isPTY, func(ev *process.ProcessEvent) error {
+	return p.stream(ctx, t, pid, isPTY, nil, func(ev *process.ProcessEvent) error {
 		return stream.Send(&process.ConnectResponse{Event: ev})
 	})
 }
 
 // stream sends start, then the process's output from the beginning of its
 // buffered log (so a reconnect sees everything the agent still holds),
-// keepalives while idle, and the end event.
-func (p *processServer) stream(ctx context.Context, t envdTarget, pid int, isPTY bool, send func(*process.ProcessEvent) error) error {
-	evs, err := p.h.svc.Events(ctx, t.caller, t.id, pid, 1, true)
-	if err != nil {
-		return connectError(err)
+// keepalives while idle, and the end event. evs, when not nil, is the
+// stream Run opened; otherwise the stream is opened here.
+func (p *processServer) stream(ctx context.Context, t envdTarget, pid int, isPTY bool, evs sandbox.EventStream, send func(*process.ProcessEvent) error) error {
+	if evs == nil {
+		var err error
+		if evs, err = p.h.svc.Events(ctx, t.caller, t.id, pid, 1, true); err != nil {
+			return connectError(err)
+		}
 	}
 	defer evs.Close()
 	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: uint32(pid)}}}); err != nil {

@@ -69,20 +69,27 @@ func (a *API) exec(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 		return
 	}
 	id := r.PathValue("id")
-	pid, err := a.svc.Exec(r.Context(), c, id, req)
+	if req.Background {
+		pid, err := a.svc.Exec(r.Context(), c, id, req)
+		if err != nil {
+			a.writeError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusAccepted, map[string]int{"pid": pid})
+		return
+	}
+	// Start and follow in one round trip to the agent.
+	pid, ev, err := a.svc.Run(r.Context(), c, id, req)
 	if err != nil {
 		a.writeError(w, r, err)
 		return
 	}
-	if req.Background {
-		writeJSON(w, http.StatusAccepted, map[string]int{"pid": pid})
-		return
-	}
+	defer ev.Close()
 	if wantsSSE(r) {
-		a.streamEvents(w, r, c, id, pid, 1, true)
+		a.writeSSE(w, r, ev)
 		return
 	}
-	a.collect(w, r, c, id, pid)
+	a.collect(w, r, pid, ev)
 }
 
 func wantsSSE(r *http.Request) bool {
@@ -90,13 +97,7 @@ func wantsSSE(r *http.Request) bool {
 }
 
 // collect answers a non-streaming exec with one JSON object.
-func (a *API) collect(w http.ResponseWriter, r *http.Request, c sandbox.Caller, id string, pid int) {
-	ev, err := a.svc.Events(r.Context(), c, id, pid, 1, true)
-	if err != nil {
-		a.writeError(w, r, err)
-		return
-	}
-	defer ev.Close()
+func (a *API) collect(w http.ResponseWriter, r *http.Request, pid int, ev sandbox.EventStream) {
 	var stdout, stderr bytes.Buffer
 	res := struct {
 		PID       int    `json:"pid"`
@@ -158,6 +159,11 @@ func (a *API) streamEvents(w http.ResponseWriter, r *http.Request, c sandbox.Cal
 		return
 	}
 	defer ev.Close()
+	a.writeSSE(w, r, ev)
+}
+
+// writeSSE writes ev as server-sent events until its end.
+func (a *API) writeSSE(w http.ResponseWriter, r *http.Request, ev sandbox.EventStream) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")

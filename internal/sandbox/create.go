@@ -210,7 +210,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		s.metrics.CreateErrors.Inc()
 		return store.Sandbox{}, cause
 	}
-	inst, agent, undo, err := s.boot(ctx, sb, tpl)
+	inst, agent, undo, err := s.boot(ctx, sb, tpl, false)
 	if err != nil {
 		return rollback(nil, err)
 	}
@@ -229,9 +229,9 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 }
 
 // boot creates and starts the instance of a recorded sandbox and connects
-// to its agent. On error everything it made is gone; on success undo
-// destroys it.
-func (s *Service) boot(ctx context.Context, sb store.Sandbox, tpl store.Template) (driver.Instance, *agentclient.Client, func(), error) {
+// to its agent; low starts it at the lowest CPU priority (a warm pool's
+// boot). On error everything it made is gone; on success undo destroys it.
+func (s *Service) boot(ctx context.Context, sb store.Sandbox, tpl store.Template, low bool) (driver.Instance, *agentclient.Client, func(), error) {
 	log := s.log.With("sandbox", sb.ID)
 	d := s.drivers[sb.Driver]
 	rootfs, kind, err := s.rootfs(ctx, sb.Driver, tpl)
@@ -241,7 +241,7 @@ func (s *Service) boot(ctx context.Context, sb store.Sandbox, tpl store.Template
 	spec := driver.Spec{
 		ID: sb.ID, Hostname: "sandbox", Rootfs: rootfs, RootfsKind: kind,
 		StateDir: s.stateDir(sb.ID), AgentPath: s.cfg.AgentPath,
-		VCPU: sb.CPU, MemoryMB: sb.MemoryMB,
+		VCPU: sb.CPU, MemoryMB: sb.MemoryMB, LowPriority: low,
 	}
 	inst, err := d.Create(ctx, spec)
 	if err != nil {

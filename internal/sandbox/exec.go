@@ -2,8 +2,8 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"io"
+	"time"
 
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
@@ -65,31 +65,58 @@ func (r *ExecRequest) validate() error {
 // Exec starts a process and returns its pid. The process's output is
 // buffered in the guest agent; read it with Events.
 func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest) (int, error) {
-	if err := req.validate(); err != nil {
-		return 0, err
-	}
-	sb, l, err := s.liveOf(ctx, c, id, StateRunning)
+	sb, l, err := s.execTarget(ctx, c, id, req)
 	if err != nil {
 		return 0, err
 	}
 	start := s.now()
-	pid, err := l.agent.Start(ctx, agentproto.StartRequest{
-		Cmd: req.Cmd, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
-		Stdin: req.OpenStdin || req.PTY != nil, StdinData: req.Stdin,
-		TimeoutMS: int64(req.TimeoutS) * 1000, PTY: req.PTY,
-	})
+	pid, err := l.agent.Start(ctx, req.agentRequest())
 	if err != nil {
 		return 0, err
 	}
+	s.started(sb, pid, req, start)
+	return pid, nil
+}
+
+// Run starts a process and follows its events from the first, in one
+// round trip to the agent (Exec then Events in one).
+func (s *Service) Run(ctx context.Context, c Caller, id string, req ExecRequest) (int, EventStream, error) {
+	sb, l, err := s.execTarget(ctx, c, id, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	start := s.now()
+	pid, ev, err := l.agent.Run(ctx, req.agentRequest())
+	if err != nil {
+		return 0, nil, err
+	}
+	s.started(sb, pid, req, start)
+	return pid, &recordingStream{EventStream: ev, s: s, id: id, pid: pid}, nil
+}
+
+func (s *Service) execTarget(ctx context.Context, c Caller, id string, req ExecRequest) (store.Sandbox, *live, error) {
+	if err := req.validate(); err != nil {
+		return store.Sandbox{}, nil, err
+	}
+	return s.liveOf(ctx, c, id, StateRunning)
+}
+
+func (r ExecRequest) agentRequest() agentproto.StartRequest {
+	return agentproto.StartRequest{
+		Cmd: r.Cmd, Shell: r.Shell, Env: r.Env, Cwd: r.Cwd, User: r.User,
+		Stdin: r.OpenStdin || r.PTY != nil, StdinData: r.Stdin,
+		TimeoutMS: int64(r.TimeoutS) * 1000, PTY: r.PTY,
+	}
+}
+
+// started observes the start latency and logs the process in the history.
+func (s *Service) started(sb store.Sandbox, pid int, req ExecRequest, start time.Time) {
 	s.metrics.ExecLatency.WithLabelValues(sb.Driver).Observe(s.now().Sub(start).Seconds())
 	cmd := req.Cmd
 	if req.Shell != "" {
 		cmd = []string{"/bin/bash", "-lc", req.Shell}
 	}
-	if err := s.store.RecordProcess(context.WithoutCancel(ctx), store.Process{SandboxID: id, PID: pid, Cmd: cmd, Background: req.Background, StartedAt: start.UTC()}); err != nil {
-		s.log.Warn("record process", "sandbox", id, "pid", pid, "err", err)
-	}
-	return pid, nil
+	s.procs.add(store.ProcessOp{Start: &store.Process{SandboxID: sb.ID, PID: pid, Cmd: cmd, Background: req.Background, StartedAt: start.UTC()}})
 }
 
 // EventStream is a process's event stream.
@@ -127,9 +154,7 @@ func (r *recordingStream) Next() (agentproto.Event, error) {
 		if e.ExitCode != nil {
 			code = *e.ExitCode
 		}
-		if err := r.s.store.FinishProcess(context.Background(), r.id, r.pid, code, e.Time.UTC()); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			r.s.log.Warn("record process exit", "sandbox", r.id, "pid", r.pid, "err", err)
-		}
+		r.s.procs.add(store.ProcessOp{Exit: &store.ProcessExit{SandboxID: r.id, PID: r.pid, ExitCode: code, ExitedAt: e.Time.UTC()}})
 	}
 	return e, err
 }

@@ -260,6 +260,7 @@ func (s *Service) markStopped(ctx context.Context, sb store.Sandbox, reason stri
 // re-attaches them.
 func (s *Service) Shutdown() {
 	s.StopPools()
+	s.procs.close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, l := range s.live {

@@ -2,11 +2,14 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/store"
 )
@@ -211,11 +214,12 @@ func (s *Service) bootWarm(ctx context.Context, p *pool) (*warm, error) {
 	if err := s.store.CreateSandbox(ctx, sb); err != nil {
 		return nil, err
 	}
-	inst, agent, _, err := s.boot(ctx, sb, p.tpl)
+	inst, agent, _, err := s.boot(ctx, sb, p.tpl, true)
 	if err != nil {
 		_ = s.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
 		return nil, err
 	}
+	sb.Handle, _ = json.Marshal(inst.Handle())
 	return &warm{sb: sb, inst: inst, agent: agent}, nil
 }
 
@@ -227,35 +231,56 @@ func (s *Service) discardWarm(w *warm) {
 	_ = s.store.DeleteSandbox(ctx, w.sb.ID)
 }
 
-// claim turns a warm sandbox into the caller's: owner fields in one
-// compare-and-set, then the identity (env, network, secret placeholders)
-// through the agent. On failure the warm sandbox is destroyed, never put
-// back.
+// claim turns a warm sandbox into the caller's. The identity (env,
+// network, secret placeholders) goes to the agent first, while nobody else
+// knows the sandbox: a crash meanwhile leaves a pooled record, which
+// Recover destroys. Then one compare-and-set gives the record its owner
+// and makes it running; nothing is read back. On failure the warm sandbox
+// is destroyed, never put back.
 func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req CreateRequest, w *warm) (store.Sandbox, error) {
 	sb := w.sb
 	sb.Team, sb.Env, sb.Metadata = want.Team, want.Env, want.Metadata
 	sb.TimeoutS, sb.OnTimeout = want.TimeoutS, want.OnTimeout
-	sb.CreatedAt, sb.ExpiresAt = want.CreatedAt, want.ExpiresAt
+	sb.CreatedAt, sb.UpdatedAt, sb.ExpiresAt = want.CreatedAt, want.CreatedAt, want.ExpiresAt
 	sb.SnapshotIntervalS, sb.RetentionDays = want.SnapshotIntervalS, want.RetentionDays
+	sb.State = StateRunning
 	fail := func(err error) (store.Sandbox, error) {
 		s.forgetNetwork(sb.ID)
 		s.discardWarm(w)
 		return store.Sandbox{}, err
 	}
+	if pr, ok := w.inst.(driver.Prioritizer); ok {
+		if err := pr.Prioritize(ctx); err != nil {
+			return fail(err)
+		}
+	}
+	if (req.Network != nil && !req.Network.empty()) || len(req.Secrets) > 0 {
+		// A network policy is bound from its record (placeholders are
+		// minted and stored): the slower path.
+		if err := s.putNetwork(ctx, sb.ID, req.Network, req.Secrets); err != nil {
+			return fail(err)
+		}
+		if err := s.initAgent(ctx, sb, w.agent, initNone, true); err != nil {
+			return fail(err)
+		}
+	} else {
+		ictx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := w.agent.Init(ictx, agentproto.InitRequest{SandboxID: sb.ID, Env: maps.Clone(sb.Env)})
+		cancel()
+		if err != nil {
+			return fail(err)
+		}
+	}
 	if err := s.store.ClaimSandbox(ctx, sb); err != nil {
 		return fail(err)
 	}
-	if err := s.putNetwork(ctx, sb.ID, req.Network, req.Secrets); err != nil {
-		return fail(err)
-	}
-	if err := s.initAgent(ctx, sb, w.agent, initNone, true); err != nil {
-		return fail(err)
-	}
-	if err := s.goLive(ctx, sb.ID, w.inst, w.agent); err != nil {
-		return fail(err)
-	}
+	l := &live{inst: w.inst, agent: w.agent}
+	s.mu.Lock()
+	s.live[sb.ID] = l
+	s.mu.Unlock()
+	s.watch(sb.ID, l)
 	s.log.Info("sandbox created from the warm pool", "sandbox", sb.ID, "template", sb.Template)
-	return s.store.GetSandbox(ctx, sb.ID)
+	return sb, nil
 }
 
 // StopPools stops refilling and destroys every warm sandbox.

@@ -87,6 +87,8 @@ type Service struct {
 	snaps  *Snapshots   // nil: snapshots disabled
 	egress *egressState // nil: no network for any sandbox
 	tplMu  sync.Mutex   // one template indexing at a time
+
+	procs *procLog // process history, written off the exec path
 }
 
 func isConflict(err error) bool { return errors.Is(err, errdefs.ErrConflict) }
@@ -120,6 +122,7 @@ func New(cfg Config, st *store.Store, drivers []driver.Driver, log *slog.Logger,
 		cfg.StoppedRetention = 24 * time.Hour
 	}
 	s := &Service{cfg: cfg, store: st, drivers: map[string]driver.Driver{}, log: log, metrics: m, now: time.Now, live: map[string]*live{}}
+	s.procs = newProcLog(st, log)
 	for _, d := range drivers {
 		s.drivers[d.Name()] = d
 	}

@@ -13,6 +13,9 @@ type Config struct {
 	Driver          string // SPACE_DRIVER, --driver: the default driver (default "gvisor")
 	Drivers         string // SPACE_DRIVERS, --drivers: every driver to enable, comma-separated (default: the default driver)
 	RunscPath       string // SPACE_RUNSC, --runsc: path to runsc (default: the cached build)
+	FirecrackerPath string // SPACE_FIRECRACKER, --firecracker: path to firecracker (default: PATH)
+	JailerPath      string // SPACE_JAILER, --jailer: its jailer (default: PATH); "none" runs firecracker unjailed (development only)
+	FirecrackerUID  int    // SPACE_FIRECRACKER_UID, --firecracker-uid: uid and gid of jailed VMs (default 65534)
 	AgentPath       string // SPACE_AGENT, --agent: path to space-agent (default: next to the space binary)
 	DefaultTemplate string // SPACE_TEMPLATE, --template (default "base")
 	LogLevel        string // SPACE_LOG_LEVEL, --log-level: debug|info|warn|error (default info)
@@ -34,6 +37,9 @@ type Config struct {
 	EgressRootCA    string // --egress-root-ca: PEM file of extra roots for upstream TLS verification
 	// E2B compatibility (internal/e2b): off unless an address is given.
 	E2BListen string // --e2b-listen: address of the E2B-compatible API (e.g. 127.0.0.1:3000)
+	// DebugListen serves Go's pprof profiles (off unless a loopback
+	// address is given: profiles reveal memory contents).
+	DebugListen string // --debug-listen
 }
 
 // DefaultDataDir is where a server keeps its state unless told otherwise.

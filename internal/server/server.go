@@ -23,6 +23,7 @@ import (
 
 	"github.com/spacesandbox/space/api"
 	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/driver/firecracker"
 	"github.com/spacesandbox/space/internal/driver/gvisor"
 	"github.com/spacesandbox/space/internal/driver/qemu"
 	"github.com/spacesandbox/space/internal/e2b"
@@ -84,10 +85,23 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			log.Info("qemu driver ready", "accelerator", d.Accel())
 			drivers = append(drivers, d)
-		case "firecracker":
-			return fmt.Errorf("driver firecracker is not available in this build")
+		case firecracker.Name:
+			jailer, noJailer := cfg.JailerPath, cfg.JailerPath == "none"
+			if noJailer {
+				jailer = ""
+			}
+			d, err := firecracker.New(ctx, firecracker.Config{
+				Firecracker: cfg.FirecrackerPath, Jailer: jailer, NoJailer: noJailer,
+				UID: cfg.FirecrackerUID, GID: cfg.FirecrackerUID,
+				CacheDir: filepath.Join(cfg.CacheDir, "vm"), Log: log,
+			})
+			if err != nil {
+				return err
+			}
+			log.Info("firecracker driver ready", "version", d.Version())
+			drivers = append(drivers, d)
 		default:
-			return fmt.Errorf("driver %q is not available (available: gvisor, qemu)", name)
+			return fmt.Errorf("driver %q is not available (available: gvisor, qemu, firecracker)", name)
 		}
 	}
 	if !names[cfg.Driver] {
@@ -106,7 +120,7 @@ func Run(ctx context.Context, cfg Config) error {
 		// directory for gVisor, a raw ext4 image (built once per template
 		// digest) for VMs.
 		Rootfs: func(ctx context.Context, drv string, tpl store.Template) (string, string, error) {
-			if drv == qemu.Name {
+			if drv == qemu.Name || drv == firecracker.Name {
 				img, err := vmimage.RootImage(ctx, vmCache, tpl.Path, tpl.Digest)
 				return img, "raw", err
 			}
@@ -188,6 +202,11 @@ func Run(ctx context.Context, cfg Config) error {
 		svc.Reap(bg, time.Second)
 	}()
 
+	if cfg.DebugListen != "" {
+		if err := serveDebug(bg, cfg.DebugListen, log); err != nil {
+			return err
+		}
+	}
 	if cfg.E2BListen != "" { // E2B-compatible API (internal/e2b), stops with bg
 		if err := e2b.Serve(bg, cfg.E2BListen, e2b.Config{Service: svc, Store: st, DataDir: cfg.DataDir, Log: log}); err != nil {
 			return err

@@ -51,10 +51,9 @@ func (s *Store) CountSandboxesByState(ctx context.Context) (map[string]int, erro
 	return out, rows.Err()
 }
 
-// ClaimSandbox hands a pre-started (pooled) sandbox to its owner: it sets
-// the owner's fields and moves it from state "pooled" to "creating" in one
-// compare-and-set. Errors: errdefs.ErrConflict when it is no longer pooled
-// (claimed by someone else or reaped), errdefs.ErrNotFound.
+// ClaimSandbox hands a pooled sandbox to its owner in one compare-and-set:
+// owner fields, timeout and state pooled → running. It fails with
+// ErrConflict when the sandbox is not pooled (already claimed, or gone).
 func (s *Store) ClaimSandbox(ctx context.Context, sb Sandbox) error {
 	env, err := encodeMap(sb.Env)
 	if err != nil {
@@ -65,9 +64,9 @@ func (s *Store) ClaimSandbox(ctx context.Context, sb Sandbox) error {
 		return err
 	}
 	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET team = ?, env = ?, metadata = ?, timeout_s = ?, on_timeout = ?,
-		created_at = ?, updated_at = ?, expires_at = ?, snapshot_interval_s = ?, retention_days = ?, state = 'creating'
+		created_at = ?, updated_at = ?, expires_at = ?, snapshot_interval_s = ?, retention_days = ?, state = 'running'
 		WHERE id = ? AND state = 'pooled'`,
-		sb.Team, env, md, sb.TimeoutS, sb.OnTimeout, toNanos(sb.CreatedAt), toNanos(sb.CreatedAt), toNanos(sb.ExpiresAt),
+		sb.Team, env, md, sb.TimeoutS, sb.OnTimeout, toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt),
 		sb.SnapshotIntervalS, sb.RetentionDays, sb.ID)
 	if err != nil {
 		return fmt.Errorf("store: claim sandbox: %w", err)

@@ -106,3 +106,49 @@ func (s *Store) ListProcesses(ctx context.Context, sandboxID string) ([]Process,
 	}
 	return out, nil
 }
+
+// ProcessOp is one entry of a process log batch: a start (Start set) or an
+// exit (Exit set).
+type ProcessOp struct {
+	Start *Process
+	Exit  *ProcessExit
+}
+
+// ProcessExit is the exit of the latest running record of PID.
+type ProcessExit struct {
+	SandboxID string
+	PID       int
+	ExitCode  int
+	ExitedAt  time.Time
+}
+
+// ApplyProcessOps applies ops in order in one transaction. Ops whose
+// sandbox is gone (a start) or whose process is unknown (an exit) are
+// skipped: the batch is a log, and one stale entry must not lose the rest.
+func (s *Store) ApplyProcessOps(ctx context.Context, ops []ProcessOp) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		for _, op := range ops {
+			switch {
+			case op.Start != nil:
+				p := op.Start
+				cmd, err := json.Marshal(p.Cmd)
+				if err != nil {
+					return fmt.Errorf("store: encode cmd: %w", err)
+				}
+				if _, err := tx.ExecContext(ctx, `INSERT INTO processes(sandbox_id, pid, cmd, tag, background, started_at)
+					SELECT ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM sandboxes WHERE id = ?)`,
+					p.SandboxID, p.PID, string(cmd), p.Tag, boolInt(p.Background), toNanos(p.StartedAt), p.SandboxID); err != nil {
+					return fmt.Errorf("store: record process: %w", err)
+				}
+			case op.Exit != nil:
+				e := op.Exit
+				if _, err := tx.ExecContext(ctx, `UPDATE processes SET exit_code = ?, exited_at = ?
+					WHERE seq = (SELECT MAX(seq) FROM processes WHERE sandbox_id = ? AND pid = ? AND exited_at IS NULL)`,
+					e.ExitCode, toNanos(e.ExitedAt), e.SandboxID, e.PID); err != nil {
+					return fmt.Errorf("store: finish process: %w", err)
+				}
+			}
+		}
+		return nil
+	})
+}

@@ -491,3 +491,35 @@ func TestConcurrentWriters(t *testing.T) {
 		t.Fatalf("%d paused sandboxes, want %d", len(got), writers*each)
 	}
 }
+
+// TestApplyProcessOps: a batch of starts and exits lands in one
+// transaction, in order; entries for a gone sandbox or an unknown process
+// are skipped without losing the rest.
+func TestApplyProcessOps(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	if err := s.CreateSandbox(ctx, newSandbox("sb1", "t1", "running")); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	ops := []ProcessOp{
+		{Start: &Process{SandboxID: "sb1", PID: 5, Cmd: []string{"true"}, StartedAt: now}},
+		{Start: &Process{SandboxID: "gone", PID: 6, Cmd: []string{"x"}, StartedAt: now}},
+		{Exit: &ProcessExit{SandboxID: "sb1", PID: 99, ExitCode: 1, ExitedAt: now}},
+		{Exit: &ProcessExit{SandboxID: "sb1", PID: 5, ExitCode: 0, ExitedAt: now}},
+		{Start: &Process{SandboxID: "sb1", PID: 5, Cmd: []string{"ls"}, StartedAt: now}},
+	}
+	if err := s.ApplyProcessOps(ctx, ops); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := s.ListProcesses(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 2 || ps[0].ExitCode == nil || *ps[0].ExitCode != 0 || ps[1].ExitCode != nil || ps[1].Cmd[0] != "ls" {
+		t.Fatalf("processes = %+v", ps)
+	}
+	if gone, _ := s.ListProcesses(ctx, "gone"); len(gone) != 0 {
+		t.Fatalf("process of a missing sandbox recorded: %+v", gone)
+	}
+}

@@ -17,12 +17,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -566,6 +568,22 @@ func (i *Instance) Detach() {
 		}
 		return
 	}
+}
+
+// Prioritize implements driver.Prioritizer: the sandbox's cgroup gets the
+// normal CPU share (cgroup v1 cpu.shares, or v2 cpu.weight).
+func (i *Instance) Prioritize(ctx context.Context) error {
+	v1 := filepath.Join("/sys/fs/cgroup/cpu/space", i.id, "cpu.shares")
+	if err := os.WriteFile(v1, []byte(strconv.Itoa(normalShares)), 0); err == nil {
+		return nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("gvisor: cpu share: %w", err)
+	}
+	v2 := filepath.Join("/sys/fs/cgroup/space", i.id, "cpu.weight")
+	if err := os.WriteFile(v2, []byte("100"), 0); err != nil {
+		return fmt.Errorf("gvisor: cpu weight: %w", err)
+	}
+	return nil
 }
 
 // oomKilled reports whether the sandbox's memory cgroup recorded an OOM

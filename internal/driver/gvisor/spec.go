@@ -89,9 +89,17 @@ type ociMemory struct {
 }
 
 type ociCPU struct {
-	Quota  int64  `json:"quota"`
-	Period uint64 `json:"period"`
+	Shares *uint64 `json:"shares,omitempty"`
+	Quota  int64   `json:"quota"`
+	Period uint64  `json:"period"`
 }
+
+// CPU shares (cgroup v1 cpu.shares; runsc converts them for v2): a
+// low-priority instance gets the minimum, the kernel's default otherwise.
+const (
+	lowShares    = 2
+	normalShares = 1024
+)
 
 type ociPids struct {
 	Limit int64 `json:"limit"`
@@ -116,6 +124,10 @@ func buildSpec(s driver.Spec, hostRunDir string) ociSpec {
 		Memory: &ociMemory{Limit: int64(s.MemoryMB) << 20, Swap: int64(s.MemoryMB) << 20},
 		CPU:    &ociCPU{Quota: int64(s.VCPU) * 100000, Period: 100000},
 		Pids:   &ociPids{Limit: int64(s.PidsMax)},
+	}
+	if s.LowPriority {
+		shares := uint64(lowShares)
+		res.CPU.Shares = &shares
 	}
 	return ociSpec{
 		OCIVersion: "1.0.2",

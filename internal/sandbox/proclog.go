@@ -1,0 +1,100 @@
+package sandbox
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// procLog records process starts and exits in the store off the exec
+// path: a writer goroutine applies them in batches, one transaction each.
+// The records are history (who ran what, and how it ended); nothing waits
+// for them, so an exec costs no database write.
+type procLog struct {
+	st  *store.Store
+	log *slog.Logger
+
+	mu     sync.Mutex
+	ops    []store.ProcessOp
+	wake   chan struct{}
+	closed bool
+	done   chan struct{}
+}
+
+func newProcLog(st *store.Store, log *slog.Logger) *procLog {
+	l := &procLog{st: st, log: log, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go l.run()
+	return l
+}
+
+// maxProcLogBacklog bounds what waits in memory: past it, add writes the
+// backlog itself (back-pressure instead of unbounded growth).
+const maxProcLogBacklog = 4096
+
+func (l *procLog) add(op store.ProcessOp) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		l.write([]store.ProcessOp{op})
+		return
+	}
+	l.ops = append(l.ops, op)
+	var flush []store.ProcessOp
+	if len(l.ops) >= maxProcLogBacklog {
+		flush, l.ops = l.ops, nil
+	}
+	l.mu.Unlock()
+	if flush != nil {
+		l.write(flush)
+		return
+	}
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (l *procLog) run() {
+	defer close(l.done)
+	for {
+		<-l.wake
+		// A short pause gathers the ops of a burst into one transaction.
+		time.Sleep(2 * time.Millisecond)
+		l.mu.Lock()
+		ops, closed := l.ops, l.closed
+		l.ops = nil
+		l.mu.Unlock()
+		if len(ops) > 0 {
+			l.write(ops)
+		}
+		if closed {
+			return
+		}
+	}
+}
+
+func (l *procLog) write(ops []store.ProcessOp) {
+	if err := l.st.ApplyProcessOps(context.Background(), ops); err != nil {
+		l.log.Warn("process log: records lost", "count", len(ops), "err", err)
+	}
+}
+
+// close writes what is pending and stops the writer; later ops are
+// written synchronously.
+func (l *procLog) close() {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.closed = true
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	<-l.done
+}

@@ -1,0 +1,45 @@
+package sandbox
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// TestProcLog: starts and exits queued off the exec path reach the store,
+// in order, including those queued right before close and after it.
+func TestProcLog(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Now().UTC()
+	if err := st.CreateSandbox(ctx, store.Sandbox{ID: "sb1", Team: "t", Template: "base", Driver: "gvisor", State: StateRunning, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	l := newProcLog(st, slog.New(slog.DiscardHandler))
+	for pid := 1; pid <= 300; pid++ {
+		l.add(store.ProcessOp{Start: &store.Process{SandboxID: "sb1", PID: pid, Cmd: []string{"true"}, StartedAt: now}})
+		l.add(store.ProcessOp{Exit: &store.ProcessExit{SandboxID: "sb1", PID: pid, ExitCode: pid % 7, ExitedAt: now}})
+	}
+	l.close()
+	l.add(store.ProcessOp{Start: &store.Process{SandboxID: "sb1", PID: 301, Cmd: []string{"late"}, StartedAt: now}})
+	ps, err := st.ListProcesses(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 301 {
+		t.Fatalf("%d records, want 301", len(ps))
+	}
+	for i, p := range ps[:300] {
+		if p.PID != i+1 || p.ExitCode == nil || *p.ExitCode != (i+1)%7 {
+			t.Fatalf("record %d = %+v", i, p)
+		}
+	}
+}
