@@ -18,12 +18,13 @@ import (
 
 // One server for the API tests: creating servers is cheap, but sharing one
 // keeps the suite fast on 2 cores. Tests that restart or kill the server
-// make their own.
+// make their own. It runs every driver the host has; tests run per driver
+// (forEachDriver, drivers_test.go).
 var shared *server
 
 func sharedServer(t *testing.T) *server {
 	if shared == nil {
-		shared = startServer(&keepAlive{t}, "")
+		shared = startServer(&keepAlive{t}, "", sharedServerDrivers()...)
 	}
 	shared.t = t
 	return shared
@@ -82,18 +83,25 @@ func TestHealthMetricsOpenAPI(t *testing.T) {
 	}
 }
 
-func TestCreateGetListKill(t *testing.T) {
+func TestCreateGetListKill(t *testing.T) { forEachDriver(t, testCreateGetListKill) }
+
+func testCreateGetListKill(t *testing.T, drv string) {
 	s := sharedServer(t)
-	id := s.create(map[string]any{"metadata": map[string]string{"owner": "e2e", "run": "list"}, "timeout_s": 600})
+	run := "list-" + drv
+	id := s.createOn(t, drv, map[string]any{"metadata": map[string]string{"owner": "e2e", "run": run}, "timeout_s": 600})
 	var sb sandboxView
-	if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 || sb.State != "running" || sb.Template != "base" || sb.Driver != "gvisor" {
+	if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 || sb.State != "running" || sb.Template != "base" || sb.Driver != drv {
 		t.Fatalf("get: %d %+v", code, sb)
 	}
 	if d := sb.ExpiresAt.Sub(sb.CreatedAt); d < 599*time.Second || d > 601*time.Second {
 		t.Errorf("expires_at - created_at = %v, want 600s", d)
 	}
+	// Every sandbox runs its own kernel, never the host's.
+	if r := s.sh(id, "uname -r"); r.ExitCode != 0 || strings.TrimSpace(r.Stdout) == hostKernel() {
+		t.Errorf("guest kernel %q, host %q", r.Stdout, hostKernel())
+	}
 	var list struct{ Sandboxes []sandboxView }
-	s.do("GET", "/v1/sandboxes?metadata=run%3Dlist&state=running", s.key, nil, &list)
+	s.do("GET", "/v1/sandboxes?metadata=run%3D"+run+"&state=running", s.key, nil, &list)
 	if len(list.Sandboxes) != 1 || list.Sandboxes[0].ID != id {
 		t.Fatalf("list by metadata: %+v", list)
 	}
@@ -119,9 +127,11 @@ func TestCreateGetListKill(t *testing.T) {
 	}
 }
 
-func TestExecSSE(t *testing.T) {
+func TestExecSSE(t *testing.T) { forEachDriver(t, testExecSSE) }
+
+func testExecSSE(t *testing.T, drv string) {
 	s := sharedServer(t)
-	id := s.create(nil)
+	id := s.sharedSandbox(t, drv)
 	resp := s.stream("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{
 		"cmd": []string{"python3", "-c", "import sys; print(sum(range(10))); sys.stdout.flush(); print('bad', file=sys.stderr); sys.exit(4)"},
 	}, nil)
@@ -169,9 +179,11 @@ func TestExecSSE(t *testing.T) {
 	}
 }
 
-func TestExecJSONAndShell(t *testing.T) {
+func TestExecJSONAndShell(t *testing.T) { forEachDriver(t, testExecJSONAndShell) }
+
+func testExecJSONAndShell(t *testing.T, drv string) {
 	s := sharedServer(t)
-	id := s.create(map[string]any{"env": map[string]string{"GREETING": "hi"}})
+	id := s.sharedSandbox(t, drv)
 	r := s.sh(id, "echo $GREETING $EXTRA from $(whoami) in $(pwd); exit 7")
 	if r.Stdout != "hi from user in /home/user\n" || r.ExitCode != 7 {
 		t.Errorf("shell: %+v", r)
@@ -205,9 +217,11 @@ func TestExecJSONAndShell(t *testing.T) {
 	}
 }
 
-func TestExecLargeAndBinaryOutput(t *testing.T) {
+func TestExecLargeAndBinaryOutput(t *testing.T) { forEachDriver(t, testExecLargeAndBinaryOutput) }
+
+func testExecLargeAndBinaryOutput(t *testing.T, drv string) {
 	s := sharedServer(t)
-	id := s.create(nil)
+	id := s.sharedSandbox(t, drv)
 	// 12 MB of deterministic text streamed over SSE, checked byte for byte.
 	const n = 12 << 20
 	script := fmt.Sprintf("import sys\nb=bytes((i*7+3)%%26+97 for i in range(65536))\nfor _ in range(%d): sys.stdout.buffer.write(b)\n", n/65536)
@@ -260,8 +274,12 @@ func TestExecLargeAndBinaryOutput(t *testing.T) {
 }
 
 func TestBackgroundReattachStdinSignal(t *testing.T) {
+	forEachDriver(t, testBackgroundReattachStdinSignal)
+}
+
+func testBackgroundReattachStdinSignal(t *testing.T, drv string) {
 	s := sharedServer(t)
-	id := s.create(nil)
+	id := s.sharedSandbox(t, drv)
 	var bg struct{ PID int }
 	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{
 		"cmd": "for i in 1 2 3 4 5; do echo line$i; sleep 0.1; done", "background": true,
@@ -375,9 +393,11 @@ func (s *server) get(id, path string) (*http.Response, error) {
 	return http.DefaultClient.Do(req)
 }
 
-func TestFiles(t *testing.T) {
+func TestFiles(t *testing.T) { forEachDriver(t, testFiles) }
+
+func testFiles(t *testing.T, drv string) {
 	s := sharedServer(t)
-	id := s.create(nil)
+	id := s.sharedSandbox(t, drv)
 	cases := []struct {
 		path string
 		size int64
@@ -449,6 +469,9 @@ func TestFiles(t *testing.T) {
 	if r := s.sh(id, "test -e /home/user/a && echo exists || echo gone"); r.Stdout != "gone\n" {
 		t.Errorf("after delete: %q", r.Stdout)
 	}
+	// The sandbox may be a shared VM: its later checkpoints need not
+	// carry 100 MB.
+	s.sh(id, "rm -f /home/user/relative/100mb.bin")
 }
 
 func urlEscape(p string) string {
@@ -465,9 +488,11 @@ func urlEscape(p string) string {
 
 // TestReadPseudoFile: /proc files stat as empty but have content; reading
 // one through the files API returns it.
-func TestReadPseudoFile(t *testing.T) {
+func TestReadPseudoFile(t *testing.T) { forEachDriver(t, testReadPseudoFile) }
+
+func testReadPseudoFile(t *testing.T, drv string) {
 	s := sharedServer(t)
-	id := s.create(nil)
+	id := s.sharedSandbox(t, drv)
 	resp, err := s.get(id, "/proc/meminfo")
 	if err != nil {
 		t.Fatal(err)

@@ -1,74 +1,114 @@
 package e2e
 
 import (
-	"io"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/spacesandbox/space/internal/testenv"
 )
 
-// TestQEMUDriverAPI drives a QEMU microvm sandbox (TCG here) through the
-// same HTTP API as gVisor ones: create with driver=qemu, exec (its own
-// kernel), files, pause/resume, checkpoint → create from snapshot, fork,
-// kill; a gVisor sandbox on the same server keeps working.
-func TestQEMUDriverAPI(t *testing.T) {
+// The QEMU driver runs the whole API and snapshot suite (forEachDriver in
+// api_test.go and snapshot_test.go); this file holds what only VMs need.
+
+// TestQEMUEgress: a VM has no NIC, only loopback. With a network policy its
+// agent opens the same loopback endpoint as under gVisor and tunnels each
+// connection over the agent's session (virtio-serial here) to the host
+// proxy: the policy, the TLS interception with the sandbox's CA (installed
+// in the VM's trust store) and the secret swap all apply. A fork child (a
+// restored VM) keeps egress with its own placeholder; a VM without a
+// policy has no way out until one is set.
+func TestQEMUEgress(t *testing.T) {
 	testenv.QEMU(t)
-	s := startServer(t, "", "--drivers", "gvisor,qemu", "--snapshot-interval", "-1", "--pool-size", "-1")
-	var sb sandboxView
-	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"driver": "qemu", "memory_mb": 256}, &sb); code != 201 || sb.Driver != "qemu" || sb.State != "running" {
-		t.Fatalf("create qemu sandbox: %d %+v\n%s", code, sb, tail(s.logText(), 3000))
+	const value = "vm-s3cr3t-VALUE-never-inside"
+	up := startUpstream(t, "Bearer "+value)
+	s := startServer(t, "", "--drivers", "gvisor,qemu", "--egress-hosts", "allowed.test=127.0.0.1,other.test=127.0.0.1",
+		"--egress-allow-cidr", "127.0.0.1/32", "--egress-root-ca", up.caFile, "--pool-size", "-1", "--snapshot-interval", "-1")
+	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
+		"name": "VM_TOKEN", "value": value, "hosts": []string{"allowed.test"},
+		"inject": map[string]string{"header": "Authorization", "format": "Bearer {value}"},
+	}, nil); code != 201 {
+		t.Fatalf("put secret: %d", code)
 	}
-	id := sb.ID
-	if r := s.sh(id, "uname -r"); strings.TrimSpace(r.Stdout) == hostKernel() || r.ExitCode != 0 {
-		t.Errorf("guest kernel %q vs host %q", r.Stdout, hostKernel())
+	allowed := fmt.Sprintf("allowed.test:%d", up.port)
+	other := fmt.Sprintf("other.test:%d", up.port)
+	id := s.createOn(t, "qemu", map[string]any{"network": map[string]any{"allow": []string{allowed}}, "secrets": []string{"VM_TOKEN"}})
+
+	// Loopback only: no NIC, no route.
+	if r := s.sh(id, "ls /sys/class/net; tail -n +2 /proc/net/route | wc -l"); r.Stdout != "lo\n0\n" {
+		t.Errorf("VM network interfaces and routes: %+v", r)
 	}
-	if r := s.sh(id, "python3 -c 'print(6*7)'; id -un"); r.Stdout != "42\nuser\n" {
-		t.Errorf("exec: %+v", r)
+	ph := strings.TrimSpace(s.sh(id, "echo $VM_TOKEN").Stdout)
+	if !strings.HasPrefix(ph, "space_ph_") {
+		t.Fatalf("VM_TOKEN inside = %q", ph)
 	}
-	s.put(id, "/home/user/vm.txt", strings.NewReader("inside a VM"))
-	resp, err := s.get(id, "/home/user/vm.txt")
-	if err != nil {
-		t.Fatal(err)
+	// Through the proxy: the VM trusts the sandbox's CA, the upstream sees
+	// the real value.
+	r := s.sh(id, fmt.Sprintf(`curl -sS -H "Authorization: Bearer $VM_TOKEN" https://%s/vm 2>&1`, allowed))
+	if r.ExitCode != 0 || !strings.Contains(r.Stdout, "path=/vm auth=valid") {
+		t.Fatalf("curl from the VM to the allowed host: %+v", r)
 	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if string(b) != "inside a VM" {
-		t.Errorf("file round trip: %q", b)
+	// Another host is refused by the proxy.
+	r = s.sh(id, fmt.Sprintf(`curl -sS https://%s/ 2>&1; echo rc=$?`, other))
+	if strings.Contains(r.Stdout, "host=") || (!strings.Contains(r.Stdout, "rc=56") && !strings.Contains(r.Stdout, "403")) {
+		t.Errorf("disallowed host from the VM: %+v", r)
 	}
-	if code := s.do("POST", "/v1/sandboxes/"+id+"/pause", s.key, nil, &sb); code != 200 || sb.State != "paused" {
-		t.Fatalf("pause: %d %+v", code, sb)
+	// Around the proxy there is nothing: no resolver, no route.
+	r = s.sh(id, fmt.Sprintf(`curl -sS --noproxy '*' --max-time 5 https://%s/ 2>&1; echo rc=$?`, allowed))
+	if strings.Contains(r.Stdout, "host=") || strings.Contains(r.Stdout, "rc=0") {
+		t.Errorf("direct connection from the VM bypassed the proxy: %+v", r)
 	}
-	if code := s.do("POST", "/v1/sandboxes/"+id+"/resume", s.key, nil, &sb); code != 200 || sb.State != "running" {
-		t.Fatalf("resume: %d %+v", code, sb)
+	var log struct {
+		Records []struct{ Host, Decision, Secret string }
 	}
-	if r := s.sh(id, "cat /home/user/vm.txt"); r.Stdout != "inside a VM" {
-		t.Errorf("after resume: %+v", r)
+	s.do("GET", "/v1/sandboxes/"+id+"/egress", s.key, nil, &log)
+	var allow, deny, usedSecret bool
+	for _, rec := range log.Records {
+		allow = allow || rec.Decision == "allow"
+		deny = deny || rec.Decision == "deny"
+		usedSecret = usedSecret || rec.Secret == "VM_TOKEN"
 	}
-	// A files snapshot needs a file-level view the VM driver lacks: a
-	// clear 501, not a silent no-op.
-	var e apiError
-	if code := s.do("POST", "/v1/sandboxes/"+id+"/snapshots", s.key, map[string]string{"kind": "files"}, &e); code != 501 || e.Error != "not_supported" {
-		t.Errorf("files snapshot on qemu: %d %+v", code, e)
+	if !allow || !deny || !usedSecret {
+		t.Errorf("audit log of the VM: allow %v deny %v secret %v: %+v", allow, deny, usedSecret, log.Records)
 	}
-	sn := s.snapshot(id, "checkpoint", "vm-point")
-	var nb sandboxView
-	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"snapshot": sn.ID}, &nb); code != 201 || nb.Driver != "qemu" {
-		t.Fatalf("create from VM checkpoint: %d %+v", code, nb)
+
+	// A fork child is a restored VM: its agent's endpoint came along in
+	// its memory and tunnels to the host again, with its own placeholder.
+	var fk struct{ Sandboxes []sandboxView }
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/fork", s.key, map[string]int{"count": 1}, &fk); code != 201 || len(fk.Sandboxes) != 1 {
+		t.Fatalf("fork the VM: %d %+v", code, fk)
 	}
-	if r := s.sh(nb.ID, "cat /home/user/vm.txt"); r.Stdout != "inside a VM" {
-		t.Errorf("restored VM: %+v", r)
+	kid := fk.Sandboxes[0].ID
+	t.Cleanup(func() { s.do("DELETE", "/v1/sandboxes/"+kid, s.key, nil, nil) })
+	if kph := strings.TrimSpace(s.sh(kid, "bash -lc 'echo $VM_TOKEN'").Stdout); kph == ph || !strings.HasPrefix(kph, "space_ph_") {
+		t.Errorf("fork child's placeholder %q (parent %q)", kph, ph)
 	}
-	s.put(nb.ID, "/home/user/vm.txt", strings.NewReader("changed in the copy"))
-	if r := s.sh(id, "cat /home/user/vm.txt"); r.Stdout != "inside a VM" {
-		t.Errorf("copy's write leaked into the original: %+v", r)
+	if r := s.sh(kid, fmt.Sprintf(`curl -sS -H "Authorization: Bearer $VM_TOKEN" https://%s/kid 2>&1`, allowed)); !strings.Contains(r.Stdout, "path=/kid auth=valid") {
+		t.Errorf("fork child through the proxy: %+v", r)
 	}
-	s.do("DELETE", "/v1/sandboxes/"+nb.ID, s.key, nil, nil)
-	g := s.create(nil)
-	if r := s.sh(g, "echo gvisor"); r.Stdout != "gvisor\n" {
-		t.Errorf("gVisor sandbox beside the VM: %+v", r)
+	s.do("DELETE", "/v1/sandboxes/"+kid, s.key, nil, nil)
+	s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+
+	// Without a policy a VM has no way out: no endpoint, no resolver, no
+	// route (its 127.0.0.1 is its own loopback, not the host's).
+	plain := s.createOn(t, "qemu", nil)
+	s.put(plain, "/home/user/upstream-ca.pem", strings.NewReader(up.caPEM))
+	for _, c := range []string{
+		fmt.Sprintf("curl -sS --max-time 5 https://%s/", allowed),
+		"curl -sS --max-time 2 http://127.0.0.1:3128/",
+		fmt.Sprintf("curl -sS --max-time 2 --cacert upstream-ca.pem https://127.0.0.1:%d/", up.port),
+		`python3 -c "import socket; socket.create_connection(('10.0.2.2', 80), timeout=2)"`,
+	} {
+		if r := s.sh(plain, c); r.ExitCode == 0 || strings.Contains(r.Stdout, "host=") {
+			t.Errorf("VM without a policy reached out with %s: %+v", c, r)
+		}
 	}
-	if code := s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil); code != 204 {
-		t.Errorf("kill VM: %d", code)
+	// A policy set on the running VM opens its endpoint (no secrets: the
+	// TLS session is the upstream's own, end to end).
+	if code := s.do("PUT", "/v1/sandboxes/"+plain+"/network", s.key, map[string]any{"allow": []string{allowed}}, nil); code != 200 {
+		t.Fatalf("set network on the VM: %d", code)
+	}
+	if r := s.sh(plain, fmt.Sprintf(`curl -sS --cacert upstream-ca.pem https://%s/later 2>&1`, allowed)); !strings.Contains(r.Stdout, "path=/later auth=none") {
+		t.Errorf("VM after a policy was set: %+v", r)
 	}
 }

@@ -360,7 +360,10 @@ func (s *Service) VerifySnapshot(ctx context.Context, c Caller, sid string) erro
 	}
 	ids := []string{sn.ID}
 	if sn.Kind == KindCheckpoint {
-		ids = append(ids, sn.ID+filesSuffix)
+		// A VM checkpoint has no writable-layer part (see takeSnapshot).
+		if _, err := s.snaps.Store.Open(sn.ID + filesSuffix); !errors.Is(err, errdefs.ErrNotFound) {
+			ids = append(ids, sn.ID+filesSuffix)
+		}
 	}
 	for _, id := range ids {
 		if err := s.snaps.Store.Verify(ctx, id); err != nil {

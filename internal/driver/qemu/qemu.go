@@ -367,14 +367,23 @@ func (i *Instance) Start(ctx context.Context) error {
 
 // launch runs QEMU with -daemonize: the command returns when the VM is set
 // up (or failed to be), and the VM process is no child of the server.
+//
+// Its output goes to a file, not a pipe: with -incoming 'exec:cat …' the
+// cat QEMU spawns inherits the output and holds it until the whole
+// migration stream is read, which on a busy host outlasts any wait for
+// a pipe to close.
 func (i *Instance) launch(ctx context.Context, incoming string) error {
+	logPath := filepath.Join(i.stateDir, "qemu-start.log")
+	out, err := os.Create(logPath)
+	if err != nil {
+		return fmt.Errorf("qemu: start %s: %w", i.id, err)
+	}
+	defer out.Close()
 	cmd := exec.CommandContext(ctx, i.d.cfg.QEMU, i.qemuArgs(incoming)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
-	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("qemu: start %s: %v: %s", i.id, err, bytes.TrimSpace(out.Bytes()))
+		return fmt.Errorf("qemu: start %s: %v: %s", i.id, err, tailFile(logPath, 1500))
 	}
 	pid := readPid(i.pidPath())
 	if pid <= 0 {
