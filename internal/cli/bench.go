@@ -3,8 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -51,6 +49,7 @@ func (a *app) churn(ctx context.Context, c *space.Client, concurrency, cycles in
 	var next, failed atomic.Int64
 	var mu sync.Mutex
 	var lat []time.Duration
+	var ids []string
 	var firstErr error
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -65,6 +64,9 @@ func (a *app) churn(ctx context.Context, c *space.Client, concurrency, cycles in
 					if err != nil {
 						return fmt.Errorf("create: %w", err)
 					}
+					mu.Lock()
+					ids = append(ids, sb.ID)
+					mu.Unlock()
 					defer c.KillSandbox(context.WithoutCancel(ctx), sb.ID)
 					res, err := c.Exec(ctx, sb.ID, space.ExecRequest{Cmd: []string{"true"}})
 					if err != nil {
@@ -100,7 +102,7 @@ func (a *app) churn(ctx context.Context, c *space.Client, concurrency, cycles in
 	}
 	leaks := 0
 	if dataDir != "" {
-		leaks = checkLeaks(ctx, a, c, dataDir)
+		leaks = checkLeaks(ctx, a, c, dataDir, ids)
 	}
 	if failed.Load() > 0 || leaks > 0 {
 		return exitCode(1)
@@ -108,71 +110,51 @@ func (a *app) churn(ctx context.Context, c *space.Client, concurrency, cycles in
 	return nil
 }
 
-// checkLeaks looks on this host for anything a destroyed sandbox could
-// leave: state dirs, mounts, cgroups of the data dir. Warm-pool sandboxes
-// and sandboxes still alive are expected; everything beyond them is a leak.
-func checkLeaks(ctx context.Context, a *app, c *space.Client, dataDir string) int {
+// checkLeaks looks on this host for anything the churn's sandboxes could
+// have left after their destroy: a state dir in the data dir, a cgroup, a
+// runsc process, a mount, a record not stopped. Only the sandboxes this run
+// created are checked, so other sandboxes and servers on the host do not
+// count.
+func checkLeaks(ctx context.Context, a *app, c *space.Client, dataDir string, ids []string) int {
 	time.Sleep(2 * time.Second) // let the last destroys finish
-	alive := 0
-	if l, err := c.ListSandboxes(ctx, space.ListOptions{}); err == nil {
-		alive = len(l.Sandboxes)
-	}
-	pooled := 0
-	if m, err := httpGet(ctx, c.BaseURL()+"/metrics"); err == nil {
-		for _, l := range strings.Split(m, "\n") {
-			if strings.HasPrefix(l, `space_sandboxes{state="pooled"} `) {
-				fmt.Sscan(strings.TrimPrefix(l, `space_sandboxes{state="pooled"} `), &pooled)
-			}
-		}
-	}
-	expected := alive + pooled
-	n := 0
-	check := func(what string, items []string) {
-		extra := len(items) - expected
-		fmt.Fprintf(a.stdout, "leak check: %d %s (%d alive + %d warm expected)\n", len(items), what, alive, pooled)
-		if extra > 0 {
-			n += extra
-		}
-	}
-	dirs, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", "sb-*"))
-	check("sandbox state dirs", dirs)
-	var cg []string
-	for _, root := range []string{"/sys/fs/cgroup/memory/space", "/sys/fs/cgroup/space"} {
-		ents, _ := os.ReadDir(root)
-		for _, e := range ents {
-			if e.IsDir() && strings.HasPrefix(e.Name(), "sb-") {
-				cg = append(cg, e.Name())
-			}
-		}
-	}
-	check("memory cgroups", cg)
-	var procs []string
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	var cmdlines []string
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && strings.HasPrefix(string(b), "runsc-sandbox") && strings.Contains(string(b), dataDir) {
-			procs = append(procs, e.Name())
+		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && strings.HasPrefix(string(b), "runsc") {
+			cmdlines = append(cmdlines, string(b))
 		}
 	}
-	check("runsc sandbox processes", procs)
+	cgroupRoots := []string{"/sys/fs/cgroup/space", "/sys/fs/cgroup/memory/space", "/sys/fs/cgroup/cpu/space", "/sys/fs/cgroup/pids/space"}
+	var dirs, cgroups, procs, mnts, records int
+	for _, id := range ids {
+		if _, err := os.Stat(filepath.Join(dataDir, "sandboxes", id)); err == nil {
+			dirs++
+		}
+		for _, root := range cgroupRoots {
+			if _, err := os.Stat(filepath.Join(root, id)); err == nil {
+				cgroups++
+			}
+		}
+		for _, cl := range cmdlines {
+			if strings.Contains(cl, id) {
+				procs++
+			}
+		}
+		if strings.Contains(string(mounts), id) {
+			mnts++
+		}
+		if sb, err := c.GetSandbox(ctx, id); err == nil && sb.State != "stopped" {
+			records++
+		}
+	}
+	n := dirs + cgroups + procs + mnts + records
+	fmt.Fprintf(a.stdout, "leak check of %d destroyed sandboxes: %d state dirs, %d cgroups, %d runsc processes, %d mounts, %d records not stopped\n",
+		len(ids), dirs, cgroups, procs, mnts, records)
 	if n > 0 {
 		fmt.Fprintf(a.stdout, "leak check: %d leaked\n", n)
 	} else {
 		fmt.Fprintf(a.stdout, "leak check: nothing leaked\n")
 	}
 	return n
-}
-
-func httpGet(ctx context.Context, url string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return string(b), err
 }
