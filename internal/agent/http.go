@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -166,7 +167,7 @@ func (a *Agent) handleStart(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("follow") == "1" {
 		// Start and follow in one round trip: the pid, then the events
 		// until the exit, on the same stream.
-		a.writeEvents(w, r, p, 1, true, &agentproto.StartResponse{PID: p.pid})
+		a.writeEvents(w, r, p, 1, true, p.pid)
 		return
 	}
 	writeJSON(w, agentproto.StartResponse{PID: p.pid})
@@ -197,24 +198,40 @@ func (a *Agent) handleEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	a.writeEvents(w, r, p, from, r.URL.Query().Get("follow") != "0", nil)
+	a.writeEvents(w, r, p, from, r.URL.Query().Get("follow") != "0", 0)
 }
 
-// writeEvents streams p's events from seq from as NDJSON, after first
-// when it is not nil.
-func (a *Agent) writeEvents(w http.ResponseWriter, r *http.Request, p *process, from uint64, follow bool, first any) {
+// writeEvents streams p's events from seq from: binary frames when the
+// client accepts them, NDJSON otherwise. A non-zero pid (a start with
+// follow) is announced first: in a header with frames, as the first NDJSON
+// line otherwise.
+func (a *Agent) writeEvents(w http.ResponseWriter, r *http.Request, p *process, from uint64, follow bool, pid int) {
 	sub := p.log.subscribe(from)
 	defer sub.close()
 
-	w.Header().Set("Content-Type", "application/x-ndjson")
+	framed := strings.Contains(r.Header.Get("Accept"), agentproto.EventFramesType)
+	if framed {
+		w.Header().Set("Content-Type", agentproto.EventFramesType)
+		if pid != 0 {
+			w.Header().Set(agentproto.HeaderPID, strconv.Itoa(pid))
+		}
+	} else {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+	}
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	defer abortOnDone(r, rc)()
 	enc := json.NewEncoder(w)
-	if first != nil {
-		if err := enc.Encode(first); err != nil {
+	if pid != 0 && !framed {
+		if err := enc.Encode(agentproto.StartResponse{PID: pid}); err != nil {
 			return
 		}
+	}
+	encode := func(ev *agentproto.Event) error { return enc.Encode(ev) }
+	if framed {
+		// The response writer buffers (4 KiB); frames go straight to it,
+		// and each batch ends with one flush.
+		encode = func(ev *agentproto.Event) error { return agentproto.WriteEventFrame(w, ev) }
 	}
 	var buf []agentproto.Event
 	for {
@@ -223,7 +240,7 @@ func (a *Agent) writeEvents(w http.ResponseWriter, r *http.Request, p *process, 
 			return
 		}
 		for i := range batch {
-			if err := enc.Encode(&batch[i]); err != nil {
+			if err := encode(&batch[i]); err != nil {
 				return
 			}
 		}

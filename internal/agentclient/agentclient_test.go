@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -701,5 +702,34 @@ func TestRun(t *testing.T) {
 	}
 	if _, _, err := h.c.Run(t.Context(), agentproto.StartRequest{Cmd: []string{"/no/such/binary"}}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("run of a missing binary: %v", err)
+	}
+}
+
+// BenchmarkStdout measures streaming a process's stdout through the agent
+// and the client (host processes, no sandbox): bytes/s is the figure.
+func BenchmarkStdout(b *testing.B) {
+	h := newHarness(b, agent.Options{})
+	const size = 64 << 20
+	b.SetBytes(size)
+	for i := 0; i < b.N; i++ {
+		_, es, err := h.c.Run(b.Context(), agentproto.StartRequest{Cmd: []string{"python3", "-c", "import sys; b=bytes(1<<20); w=sys.stdout.buffer; [w.write(b) for _ in range(" + strconv.Itoa(size>>20) + ")]"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		for {
+			ev, err := es.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			n += len(ev.Data)
+		}
+		es.Close()
+		if n != size {
+			b.Fatalf("%d bytes", n)
+		}
 	}
 }

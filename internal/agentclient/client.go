@@ -260,6 +260,7 @@ type request struct {
 	query  url.Values
 	body   io.Reader // sent as is (raw bodies)
 	json   any       // marshaled as the body when set
+	accept string    // Accept header, when set
 }
 
 // do sends req and returns the response when it is 2xx; otherwise the
@@ -288,6 +289,9 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, error) {
 		hreq, err := http.NewRequestWithContext(ctx, req.method, u, body)
 		if err != nil {
 			return nil, errdefs.InvalidArgument("build request: %v", err)
+		}
+		if req.accept != "" {
+			hreq.Header.Set("Accept", req.accept)
 		}
 		if payload != nil {
 			hreq.Header.Set("Content-Type", "application/json")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -43,9 +44,19 @@ func (c *Client) Start(ctx context.Context, req agentproto.StartRequest) (int, e
 // Run starts a process and follows its events on the same stream: one
 // round trip instead of Start then Events. Errors as Start.
 func (c *Client) Run(ctx context.Context, req agentproto.StartRequest) (int, *EventStream, error) {
-	resp, err := c.do(ctx, request{method: http.MethodPost, path: agentproto.PathProcesses, json: req, query: url.Values{"follow": {"1"}}})
+	resp, err := c.do(ctx, request{method: http.MethodPost, path: agentproto.PathProcesses, json: req,
+		query: url.Values{"follow": {"1"}}, accept: agentproto.EventFramesType})
 	if err != nil {
 		return 0, nil, err
+	}
+	ct := resp.Header.Get("Content-Type")
+	if strings.HasPrefix(ct, agentproto.EventFramesType) {
+		pid, err := strconv.Atoi(resp.Header.Get(agentproto.HeaderPID))
+		if err != nil || pid <= 0 {
+			resp.Body.Close()
+			return 0, nil, transportError(ctx, fmt.Errorf("run: no pid in the answer"))
+		}
+		return pid, newEventStream(ctx, resp, true), nil
 	}
 	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 256<<10))
 	var sr agentproto.StartResponse
@@ -53,7 +64,7 @@ func (c *Client) Run(ctx context.Context, req agentproto.StartRequest) (int, *Ev
 		resp.Body.Close()
 		return 0, nil, transportError(ctx, err)
 	}
-	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/x-ndjson") {
+	if !strings.HasPrefix(ct, "application/x-ndjson") {
 		// An agent older than Run (a sandbox started before an upgrade)
 		// only started the process: follow it the old way.
 		resp.Body.Close()
@@ -71,18 +82,32 @@ func (c *Client) Events(ctx context.Context, pid int, from uint64, follow bool) 
 	if !follow {
 		q.Set("follow", "0")
 	}
-	resp, err := c.do(ctx, request{method: http.MethodGet, path: procPath(agentproto.PathEvents, pid), query: q})
+	resp, err := c.do(ctx, request{method: http.MethodGet, path: procPath(agentproto.PathEvents, pid), query: q, accept: agentproto.EventFramesType})
 	if err != nil {
 		return nil, err
 	}
-	return &EventStream{ctx: ctx, body: resp.Body, dec: json.NewDecoder(bufio.NewReaderSize(resp.Body, 256<<10)), follow: follow}, nil
+	return newEventStream(ctx, resp, follow), nil
+}
+
+// newEventStream reads resp's events in the format the agent chose:
+// binary frames, or NDJSON from an agent that does not know them.
+func newEventStream(ctx context.Context, resp *http.Response, follow bool) *EventStream {
+	br := bufio.NewReaderSize(resp.Body, 256<<10)
+	s := &EventStream{ctx: ctx, body: resp.Body, follow: follow}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), agentproto.EventFramesType) {
+		s.frames = br
+	} else {
+		s.dec = json.NewDecoder(br)
+	}
+	return s
 }
 
 // EventStream is an open event stream; Close it when done.
 type EventStream struct {
 	ctx    context.Context
 	body   io.ReadCloser
-	dec    *json.Decoder
+	dec    *json.Decoder // NDJSON
+	frames *bufio.Reader // binary frames (agentproto.EventFramesType)
 	follow bool
 	exited bool
 	once   sync.Once
@@ -96,7 +121,13 @@ func (s *EventStream) Next() (agentproto.Event, error) {
 	if s.exited {
 		return ev, io.EOF
 	}
-	if err := s.dec.Decode(&ev); err != nil {
+	var err error
+	if s.frames != nil {
+		ev, err = agentproto.ReadEventFrame(s.frames)
+	} else {
+		err = s.dec.Decode(&ev)
+	}
+	if err != nil {
 		if errors.Is(err, io.EOF) && !s.follow {
 			return ev, io.EOF
 		}
