@@ -200,13 +200,34 @@ func (s *Service) bindNetwork(ctx context.Context, sb store.Sandbox, n store.Net
 	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy", "npm_config_proxy", "npm_config_https_proxy"} {
 		env[k] = proxyURL
 	}
-	env["NO_PROXY"], env["no_proxy"] = "localhost,127.0.0.1,::1", "localhost,127.0.0.1,::1"
 	bundle := "/etc/ssl/certs/ca-certificates.crt"
 	env["SSL_CERT_FILE"], env["REQUESTS_CA_BUNDLE"], env["PIP_CERT"], env["CURL_CA_BUNDLE"], env["GIT_SSL_CAINFO"] = bundle, bundle, bundle, bundle, bundle
 	env["NODE_EXTRA_CA_CERTS"] = "/usr/local/share/ca-certificates/space-egress.crt"
 	_ = ca
+	// The caller's own choices win: initAgent copies this env over
+	// sb.Env, so keys the caller set are left out here.
+	noProxy := "localhost,127.0.0.1,::1"
+	if v, ok := sb.Env["NO_PROXY"]; ok {
+		noProxy = v
+	} else if v, ok := sb.Env["no_proxy"]; ok {
+		noProxy = v
+	}
+	for _, k := range []string{"NO_PROXY", "no_proxy"} {
+		if _, ok := sb.Env[k]; !ok {
+			env[k] = noProxy
+		}
+	}
+	// Node's fetch ignores the proxy variables: the agent writes a preload
+	// (agent.NodePreload) that routes it through the proxy.
+	if _, ok := sb.Env["NODE_OPTIONS"]; !ok {
+		env["NODE_OPTIONS"] = "--require " + nodePreload
+	}
 	return env, nil
 }
+
+// nodePreload is agent.NodePreload (the agent package is guest-side and
+// not imported here).
+const nodePreload = "/usr/local/lib/space/node-egress.cjs"
 
 func splitList(s string) []string {
 	if s == "" {

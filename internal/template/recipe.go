@@ -129,7 +129,7 @@ func (r Recipe) Validate() error {
 // basePackages are what every built-in template has.
 var basePackages = []string{
 	"bash", "coreutils", "python3", "nodejs", "git", "curl", "ca-certificates",
-	"procps", "less", "file", "passwd",
+	"procps", "less", "file", "passwd", "python3-requests",
 }
 
 // baseCustomize sets up the sandbox user and trims the image.
