@@ -37,12 +37,14 @@ func main() {
 	nFile := flag.Int("files", 50, "file write+read samples")
 	nState := flag.Int("states", 10, "pause/resume/checkpoint/restore/fork samples")
 	wsMB := flag.Int("workspace-mb", 1024, "workspace size for the files-snapshot figures")
+	density := flag.Int("density", 200, "idle sandboxes for the density figure (0 skips)")
+	churn := flag.Int("churn", 2000, "create→exec→destroy cycles for the churn figure (0 skips)")
 	flag.Parse()
 	if *runsc == "" {
 		*runsc = filepath.Join(*cache, "runsc-"+gvisor.PinnedVersion, "runsc")
 	}
 	agentAbs, _ := filepath.Abs(*agent)
-	b := &bench{runsc: *runsc, cache: *cache, nState: *nState, wsMB: *wsMB}
+	b := &bench{runsc: *runsc, cache: *cache, nState: *nState, wsMB: *wsMB, density: *density, churn: *churn}
 	if err := b.run(agentAbs, *nCreate, *nExec, *nFile); err != nil {
 		fmt.Fprintln(os.Stderr, "space-bench:", err)
 		os.Exit(1)
@@ -83,6 +85,9 @@ type row struct {
 type bench struct {
 	runsc, cache string
 	nState, wsMB int
+	density      int // idle sandboxes for the density figure
+	churn        int // churn cycles
+	spawnUS      int // process creation inside gVisor, µs
 	notes        []string
 	rows         []row
 	url, key     string
@@ -167,6 +172,12 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 		}
 	}
 	b.rows = append(b.rows, r)
+	if err := b.execBreakdown(id, raw, cid, nExec); err != nil {
+		return err
+	}
+	if err := b.stdoutThroughput(id, raw, cid, 3); err != nil {
+		return err
+	}
 
 	// 1 MB file write + read.
 	payload := bytes.Repeat([]byte("0123456789abcdef"), 1<<16)
@@ -196,6 +207,15 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 		return err
 	}
 	if err := b.warmCreates(agent, 20, 3); err != nil {
+		return err
+	}
+	if err := b.densityAndChurn(agent, b.density, b.churn); err != nil {
+		return err
+	}
+	if err := b.qemuRows(agent); err != nil { // qemu.go; -qemu=false skips
+		return err
+	}
+	if err := b.egressRows(); err != nil { // egress.go
 		return err
 	}
 	b.do("DELETE", "/v1/sandboxes/"+id, nil, nil)
@@ -404,50 +424,19 @@ func (b *bench) warmCreates(agent string, clients, rounds int) error {
 		return err
 	}
 	r := row{name: fmt.Sprintf("create (warm pool, %d concurrent clients)", clients), rawName: "runsc run → first output (above)"}
-	pooled := func() int {
-		resp, err := http.Get(cold.url + "/metrics")
-		if err != nil {
-			return 0
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		for _, l := range strings.Split(string(body), "\n") {
-			if strings.HasPrefix(l, `space_sandboxes{state="pooled"} `) {
-				var n int
-				fmt.Sscan(strings.TrimPrefix(l, `space_sandboxes{state="pooled"} `), &n)
-				return n
-			}
-		}
-		return 0
-	}
 	for round := 0; round < rounds; round++ {
 		deadline := time.Now().Add(3 * time.Minute)
-		for pooled() < clients && time.Now().Before(deadline) {
+		for cold.pooled() < clients && time.Now().Before(deadline) {
 			time.Sleep(200 * time.Millisecond)
 		}
-		type res struct {
-			d  time.Duration
-			id string
+		ds, made, err := cold.concurrentCreates(clients)
+		for _, id := range made {
+			defer cold.do("DELETE", "/v1/sandboxes/"+id, nil, nil)
 		}
-		out := make(chan res, clients)
-		for i := 0; i < clients; i++ {
-			go func() {
-				t0 := time.Now()
-				id, err := cold.create()
-				if err != nil {
-					id = ""
-				}
-				out <- res{time.Since(t0), id}
-			}()
+		if err != nil {
+			return fmt.Errorf("warm create failed: %v", err)
 		}
-		for i := 0; i < clients; i++ {
-			x := <-out
-			if x.id == "" {
-				return fmt.Errorf("warm create failed")
-			}
-			r.space = append(r.space, x.d)
-			defer cold.do("DELETE", "/v1/sandboxes/"+x.id, nil, nil)
-		}
+		r.space = append(r.space, ds...)
 	}
 	for _, row := range b.rows {
 		if strings.HasPrefix(row.name, "create (cold") {
@@ -510,11 +499,9 @@ func (b *bench) do(method, path string, body, out any) int {
 }
 
 func (b *bench) create() (string, error) {
-	var sb struct{ ID, State string }
-	if code := b.do("POST", "/v1/sandboxes", map[string]any{}, &sb); code != 201 {
-		return "", fmt.Errorf("create: HTTP %d", code)
-	}
-	return sb.ID, nil
+	// Long enough for the whole run: the first sandbox serves every
+	// figure after the creates.
+	return b.createTimeout(3600)
 }
 
 func (b *bench) putGet(id string, payload []byte) error {

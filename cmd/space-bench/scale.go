@@ -1,0 +1,344 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spacesandbox/space/internal/server"
+)
+
+// execBreakdown splits the exec round trip into what space adds and what
+// the sandbox's kernel costs: an agent round trip that starts no process
+// (a file stat), and the time gVisor takes to create a process, measured
+// inside the sandbox by a shell loop.
+func (b *bench) execBreakdown(id string, raw *rawRunsc, cid string, n int) error {
+	r := row{name: "agent round trip, no process (file stat)", rawName: "runsc exec stat"}
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		if code := b.do("GET", "/v1/sandboxes/"+id+"/files/stat?path=/etc/hostname", nil, nil); code != 200 {
+			return fmt.Errorf("stat: HTTP %d", code)
+		}
+		r.space = append(r.space, time.Since(t0))
+		if i < n/4 {
+			t0 = time.Now()
+			if out, err := exec.Command(b.runsc, "--root", raw.root, "exec", cid, "stat", "/etc/hostname").CombinedOutput(); err != nil {
+				return fmt.Errorf("runsc exec stat: %v: %s", err, out)
+			}
+			r.raw = append(r.raw, time.Since(t0))
+		}
+	}
+	b.rows = append(b.rows, r)
+	var res struct {
+		Stdout   string `json:"stdout"`
+		ExitCode int    `json:"exit_code"`
+	}
+	loop := `s=$(date +%s%N); for i in $(seq 100); do /bin/true; done; e=$(date +%s%N); echo $(( (e-s)/100000 ))`
+	if code := b.do("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": loop}, &res); code != 200 || res.ExitCode != 0 {
+		return fmt.Errorf("spawn loop: HTTP %d %+v", code, res)
+	}
+	us, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	b.spawnUS = us
+	b.notes = append(b.notes, fmt.Sprintf("Process creation inside gVisor (systrap): a shell loop of 100 `/bin/true` in the sandbox takes %.2f ms per process; "+
+		"the exec round trip above is that plus the agent round trip (row \"agent round trip, no process\").", float64(us)/1000))
+	return nil
+}
+
+// stdoutThroughput streams a large stdout through the API's SSE exec and
+// through `runsc exec` into a pipe, and reports both rates.
+func (b *bench) stdoutThroughput(id string, raw *rawRunsc, cid string, rounds int) error {
+	const size = 256 << 20
+	cmd := fmt.Sprintf("yes abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ | head -c %d", size)
+	r := row{name: "stdout 256 MiB, streamed (SSE exec)", rawName: "runsc exec … > pipe"}
+	for i := 0; i < rounds; i++ {
+		t0 := time.Now()
+		n, err := b.sseBytes(id, cmd)
+		if err != nil {
+			return err
+		}
+		if n != size {
+			return fmt.Errorf("stdout: got %d bytes, want %d", n, size)
+		}
+		r.space = append(r.space, time.Since(t0))
+		t0 = time.Now()
+		c := exec.Command(b.runsc, "--root", raw.root, "exec", cid, "sh", "-c", cmd)
+		out, err := c.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		if err := c.Start(); err != nil {
+			return err
+		}
+		got, _ := io.Copy(io.Discard, out)
+		if err := c.Wait(); err != nil || got != size {
+			return fmt.Errorf("runsc exec stdout: %v (%d bytes)", err, got)
+		}
+		r.raw = append(r.raw, time.Since(t0))
+	}
+	b.rows = append(b.rows, r)
+	mbps := func(d time.Duration) float64 { return float64(size) / (1 << 20) / d.Seconds() }
+	b.notes = append(b.notes, fmt.Sprintf("stdout throughput (256 MiB of text through the SSE exec, p50): %.0f MiB/s through space, %.0f MiB/s from `runsc exec` into a pipe.",
+		mbps(pct(r.space, .5)), mbps(pct(r.raw, .5))))
+	return nil
+}
+
+// sseBytes runs cmd with an SSE exec and returns how many stdout bytes
+// arrived.
+func (b *bench) sseBytes(id, cmd string) (int, error) {
+	j, _ := json.Marshal(map[string]any{"cmd": cmd})
+	req, _ := http.NewRequest("POST", b.url+"/v1/sandboxes/"+id+"/exec", bytes.NewReader(j))
+	req.Header.Set("Authorization", "Bearer "+b.key)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return 0, fmt.Errorf("sse exec: HTTP %d", resp.StatusCode)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	n, event := 0, ""
+	for sc.Scan() {
+		line := sc.Bytes()
+		switch {
+		case bytes.HasPrefix(line, []byte("event: ")):
+			event = string(line[7:])
+		case bytes.HasPrefix(line, []byte("data: ")) && event == "stdout":
+			var d struct {
+				Data string `json:"data"`
+			}
+			if err := json.Unmarshal(line[6:], &d); err != nil {
+				return n, err
+			}
+			n += len(d.Data)
+		case bytes.HasPrefix(line, []byte("data: ")) && event == "exit":
+			return n, nil
+		}
+	}
+	return n, fmt.Errorf("sse exec: stream ended without exit: %v", sc.Err())
+}
+
+// densityAndChurn starts a server with a warm pool, fills the machine with
+// `idle` idle sandboxes, reports memory per idle sandbox and warm-create
+// latency with all of them alive, then runs the churn load generator
+// (`space bench load`) and records its summary.
+func (b *bench) densityAndChurn(agent string, idle, cycles int) error {
+	if idle <= 0 && cycles <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	defer func() {
+		cancel()
+		<-done
+	}()
+	data := filepath.Join(b.tmp, "density")
+	go func() {
+		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn",
+			SnapshotIntervalS: -1, CheckpointOnPause: "off", PoolSize: 20})
+	}()
+	s := &bench{tmp: b.tmp}
+	if err := s.waitReady(data, done); err != nil {
+		return err
+	}
+	if idle > 0 {
+		before := memAvailable()
+		var mu sync.Mutex
+		var ids []string
+		var firstErr error
+		var wg sync.WaitGroup
+		next := make(chan struct{})
+		go func() {
+			for i := 0; i < idle; i++ {
+				next <- struct{}{}
+			}
+			close(next)
+		}()
+		t0 := time.Now()
+		for w := 0; w < 4; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range next {
+					id, err := s.createTimeout(3600)
+					mu.Lock()
+					if err != nil && firstErr == nil {
+						firstErr = err
+					}
+					if err == nil {
+						ids = append(ids, id)
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		fill := time.Since(t0)
+		var extra []string
+		cleanup := func() {
+			for _, id := range append(ids, extra...) {
+				s.do("DELETE", "/v1/sandboxes/"+id, nil, nil)
+			}
+		}
+		if firstErr != nil {
+			cleanup()
+			return fmt.Errorf("density: %d of %d created: %v", len(ids), idle, firstErr)
+		}
+		time.Sleep(10 * time.Second) // let boots settle into idle
+		used := before - memAvailable()
+		pss := runscPSS(data)
+		// Every idle sandbox still answers.
+		for _, id := range ids {
+			if code := s.do("GET", "/v1/sandboxes/"+id+"/files/stat?path=/etc/hostname", nil, nil); code != 200 {
+				cleanup()
+				return fmt.Errorf("density: idle sandbox %s does not answer: HTTP %d", id, code)
+			}
+		}
+		r := row{name: fmt.Sprintf("create (warm pool, 20 concurrent clients) with %d idle sandboxes alive", len(ids)), rawName: "runsc run → first output (above)"}
+		for round := 0; round < 3; round++ {
+			deadline := time.Now().Add(3 * time.Minute)
+			for s.pooled() < 20 && time.Now().Before(deadline) {
+				time.Sleep(200 * time.Millisecond)
+			}
+			ds, made, err := s.concurrentCreates(20)
+			extra = append(extra, made...)
+			if err != nil {
+				cleanup()
+				return err
+			}
+			r.space = append(r.space, ds...)
+		}
+		for _, row := range b.rows {
+			if strings.HasPrefix(row.name, "create (cold") {
+				r.raw = row.raw
+			}
+		}
+		b.rows = append(b.rows, r)
+		cleanup()
+		b.notes = append(b.notes, fmt.Sprintf("Density: %d idle `base` sandboxes (plus 20 warm) started in %s; host memory in use grew by %d MiB "+
+			"(%.1f MiB per sandbox; proportional set size of their runsc processes %.1f MiB per sandbox); all of them answered afterwards.",
+			len(ids), fill.Round(time.Second), used>>20, float64(used)/float64(len(ids)+20)/(1<<20), float64(pss)/float64(len(ids)+20)/(1<<20)))
+	}
+	if cycles > 0 {
+		// Let the pool refill after the density run's sandboxes are gone.
+		deadline := time.Now().Add(3 * time.Minute)
+		for s.pooled() < 20 && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Millisecond)
+		}
+		space := filepath.Join(filepath.Dir(agent), "space")
+		out, err := exec.Command(space, "--data", data, "bench", "load", "--concurrency", "20", "--cycles", strconv.Itoa(cycles), "--check-leaks", data).CombinedOutput()
+		summary := strings.TrimSpace(string(out))
+		b.notes = append(b.notes, "Churn (`space bench load --concurrency 20 --cycles "+strconv.Itoa(cycles)+" --check-leaks DIR`, warm pool of 20):\n\n```\n"+summary+"\n```")
+		if err != nil {
+			return fmt.Errorf("churn: %v: %s", err, summary)
+		}
+	}
+	return nil
+}
+
+func (b *bench) createTimeout(timeoutS int) (string, error) {
+	var sb struct{ ID string }
+	if code := b.do("POST", "/v1/sandboxes", map[string]any{"timeout_s": timeoutS}, &sb); code != 201 {
+		return "", fmt.Errorf("create: HTTP %d", code)
+	}
+	return sb.ID, nil
+}
+
+// concurrentCreates fires n creates at once and returns their latencies.
+func (b *bench) concurrentCreates(n int) ([]time.Duration, []string, error) {
+	type res struct {
+		d   time.Duration
+		id  string
+		err error
+	}
+	out := make(chan res, n)
+	start := make(chan struct{})
+	for i := 0; i < n; i++ {
+		go func() {
+			<-start
+			t0 := time.Now()
+			id, err := b.create()
+			out <- res{time.Since(t0), id, err}
+		}()
+	}
+	close(start)
+	var ds []time.Duration
+	var ids []string
+	var firstErr error
+	for i := 0; i < n; i++ {
+		x := <-out
+		if x.err != nil {
+			firstErr = x.err
+			continue
+		}
+		ds = append(ds, x.d)
+		ids = append(ids, x.id)
+	}
+	return ds, ids, firstErr
+}
+
+// pooled reads the number of warm sandboxes from /metrics.
+func (b *bench) pooled() int {
+	resp, err := http.Get(b.url + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, l := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(l, `space_sandboxes{state="pooled"} `); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}
+
+// memAvailable is the host's MemAvailable in bytes.
+func memAvailable() int64 {
+	b, _ := os.ReadFile("/proc/meminfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "MemAvailable:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// runscPSS sums the proportional set size of the runsc processes (sandbox
+// and gofer) of the server with data dir data.
+func runscPSS(data string) int64 {
+	var total int64
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cl, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.HasPrefix(string(cl), "runsc") || !strings.Contains(string(cl), data) {
+			continue
+		}
+		sm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "smaps_rollup"))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(sm), "\n") {
+			if v, ok := strings.CutPrefix(l, "Pss:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+				total += kb << 10
+			}
+		}
+	}
+	return total
+}
