@@ -114,6 +114,13 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 	if err := b.waitReady(data, done); err != nil {
 		return err
 	}
+	// Sandboxes outlive their server by design: whatever happens, delete
+	// every sandbox of this run, then stop the server.
+	defer func() {
+		b.deleteAll()
+		cancel()
+		<-done
+	}()
 	tb, err := template.NewBuilder(filepath.Join(b.cache, "templates"))
 	if err != nil {
 		return err
@@ -219,8 +226,6 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 		return err
 	}
 	b.do("DELETE", "/v1/sandboxes/"+id, nil, nil)
-	cancel()
-	<-done
 	return nil
 }
 

@@ -342,3 +342,15 @@ func runscPSS(data string) int64 {
 	}
 	return total
 }
+
+// deleteAll deletes every sandbox the server lists (the bench's admin key
+// sees them all).
+func (b *bench) deleteAll() {
+	var list struct {
+		Sandboxes []struct{ ID string } `json:"sandboxes"`
+	}
+	b.do("GET", "/v1/sandboxes?limit=1000", nil, &list)
+	for _, sb := range list.Sandboxes {
+		b.do("DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
+	}
+}
