@@ -167,7 +167,9 @@ func (p *pool) fill(ctx context.Context) {
 			// A boot is never cut short (killing runsc mid-start can
 			// orphan its sandbox process): it runs to the end, and a
 			// pool that stopped meanwhile discards the result.
-			bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+			// Pool boots run at the lowest CPU share, so on a saturated
+			// host they can take minutes: the deadline is generous.
+			bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Minute)
 			w, err := p.s.bootWarm(bctx, p)
 			bcancel()
 			if err == nil && ctx.Err() != nil {
