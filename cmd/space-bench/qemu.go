@@ -54,21 +54,13 @@ func (b *bench) qemuRows(agent string) error {
 		b.notes = append(b.notes, "QEMU rows skipped: qemu-img is not installed.")
 		return nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	defer func() {
-		cancel()
-		<-done
-	}()
 	data := filepath.Join(b.tmp, "qemu-data")
-	go func() {
-		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn",
-			Drivers: "gvisor,qemu", SnapshotIntervalS: -1, CheckpointOnPause: "off", PoolSize: -1})
-	}()
-	s := &bench{tmp: b.tmp}
-	if err := s.waitReady(data, done); err != nil {
+	s, stop, err := b.serve(server.Config{DataDir: data, AgentPath: agent, Drivers: "gvisor,qemu", PoolSize: -1})
+	if err != nil {
 		return err
 	}
+	defer stop()
+	ctx := context.Background()
 	tb, err := template.NewBuilder(filepath.Join(b.cache, "templates"))
 	if err != nil {
 		return err

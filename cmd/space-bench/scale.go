@@ -139,21 +139,12 @@ func (b *bench) densityAndChurn(agent string, idle, cycles int) error {
 	if idle <= 0 && cycles <= 0 {
 		return nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	defer func() {
-		cancel()
-		<-done
-	}()
 	data := filepath.Join(b.tmp, "density")
-	go func() {
-		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn",
-			SnapshotIntervalS: -1, CheckpointOnPause: "off", PoolSize: 20})
-	}()
-	s := &bench{tmp: b.tmp}
-	if err := s.waitReady(data, done); err != nil {
+	s, stop, err := b.serve(server.Config{DataDir: data, AgentPath: agent, PoolSize: 20})
+	if err != nil {
 		return err
 	}
+	defer stop()
 	if idle > 0 {
 		before := memAvailable()
 		var mu sync.Mutex
@@ -355,4 +346,25 @@ func (b *bench) deleteAll() {
 	for _, sb := range list.Sandboxes {
 		b.do("DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
 	}
+}
+
+// serve runs a second server for one section of the bench (cfg gets the
+// bench's cache, runsc, a free port and quiet settings) and returns a
+// client for it and a stop function that waits for the server to exit.
+func (b *bench) serve(cfg server.Config) (*bench, func(), error) {
+	cfg.CacheDir, cfg.RunscPath, cfg.Listen, cfg.LogLevel = b.cache, b.runsc, "127.0.0.1:0", "warn"
+	cfg.SnapshotIntervalS, cfg.CheckpointOnPause = -1, "off"
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- server.Run(ctx, cfg) }()
+	stop := func() {
+		cancel()
+		<-done
+	}
+	s := &bench{tmp: b.tmp}
+	if err := s.waitReady(cfg.DataDir, done); err != nil {
+		cancel()
+		return nil, func() {}, err
+	}
+	return s, stop, nil
 }
