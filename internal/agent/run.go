@@ -98,6 +98,15 @@ func Run(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
 	defer stop()
+	// SIGUSR1 from the host (runsc kill): probe the session now.
+	probe := make(chan os.Signal, 1)
+	signal.Notify(probe, unix.SIGUSR1)
+	defer signal.Stop(probe)
+	go func() {
+		for range probe {
+			a.ProbeSession()
+		}
+	}()
 	log.Info("space-agent started", "pid", os.Getpid())
 	if err := a.Serve(ctx, t); err != nil && ctx.Err() == nil {
 		log.Error("serve", "err", err)

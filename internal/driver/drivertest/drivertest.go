@@ -406,7 +406,16 @@ func testCheckpointRestore(t *testing.T, s Setup, d driver.Driver) {
 	if err := inst.(driver.Checkpointer).Checkpoint(ctx, img, true); err != nil {
 		t.Fatalf("Checkpoint: %v", err)
 	}
-	// The parent keeps running and its agent reconnects.
+	// The parent keeps running and its agent reconnects. It must not wait
+	// for the agent's keepalive (30 s) to notice a connection the
+	// checkpoint cut: the driver makes it reconnect at once.
+	{
+		qctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		if _, err := c.Processes(qctx); err != nil {
+			t.Fatalf("agent after checkpoint: %v (the agent did not reconnect before its keepalive)", err)
+		}
+		cancel()
+	}
 	feed(c, "2")
 	var kids []*agentclient.Client
 	for i := 0; i < 2; i++ {
@@ -419,6 +428,11 @@ func testCheckpointRestore(t *testing.T, s Setup, d driver.Driver) {
 		kc := agentclient.New(child.DialAgent, slog.Default())
 		t.Cleanup(func() { kc.Close() })
 		kids = append(kids, kc)
+		qctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		if _, err := kc.Processes(qctx); err != nil {
+			t.Fatalf("child %d agent: %v (it did not dial the restored sandbox's socket before its keepalive)", i, err)
+		}
+		cancel()
 		// The in-memory counter continues from the checkpoint (1 → 2).
 		feed(kc, "2") // memory restored: the counter continues from 1
 		out, _ := sh(t, kc, "cat /home/user/state.txt")

@@ -158,12 +158,13 @@ func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string) (_ 
 		return nil, err
 	}
 	inst.created = true
-	if image != "" {
-		inst.started = true
-		if b, err := os.ReadFile(inst.pidPath()); err == nil {
-			fmt.Sscan(string(b), &inst.pid)
-		}
+	inst.started = true
+	if b, err := os.ReadFile(inst.pidPath()); err == nil {
+		fmt.Sscan(string(b), &inst.pid)
 	}
+	// The restored agent still holds the socket the checkpointed sandbox
+	// had, dropped by the restore: make it dial this instance now.
+	inst.reconnectAgent(nil)
 	return inst, nil
 }
 
@@ -209,7 +210,13 @@ func (i *Instance) Checkpoint(ctx context.Context, dir string, leaveRunning bool
 	if leaveRunning {
 		args = append(args, "--leave-running")
 	}
+	// Connections made before the checkpoint do not survive it (the
+	// sentry is stopped while it saves, so none can be made meanwhile).
+	stale := i.liveConns()
 	_, err := i.d.runsc(ctx, i, nil, append(args, i.id)...)
+	if leaveRunning {
+		i.reconnectAgent(stale)
+	}
 	return err
 }
 
@@ -331,7 +338,8 @@ type Instance struct {
 	mu        sync.Mutex
 	ln        net.Listener
 	conns     chan net.Conn
-	current   net.Conn // the connection last handed out by DialAgent
+	current   net.Conn              // the connection last handed out by DialAgent
+	live      map[net.Conn]struct{} // accepted and not closed by us
 	flags     []string // runsc global flags of this sandbox (same for run and restore)
 	created   bool
 	started   bool
@@ -373,6 +381,7 @@ func (i *Instance) listen() error {
 			if err != nil {
 				return
 			}
+			c = i.track(c)
 			// The agent holds one connection at a time: a new one means
 			// the one handed out before is dead even if the host side has
 			// not noticed (gVisor drops host sockets at checkpoint without
@@ -473,15 +482,84 @@ func (i *Instance) Resume(ctx context.Context) error {
 // DialAgent implements driver.Instance: it returns the agent's next
 // connection to the host socket.
 func (i *Instance) DialAgent(ctx context.Context) (net.Conn, error) {
-	select {
-	case c := <-i.conns:
-		i.mu.Lock()
-		i.current = c
-		i.mu.Unlock()
-		return c, nil
-	case <-ctx.Done():
-		return nil, fmt.Errorf("gvisor: waiting for agent of %s: %w", i.id, errdefs.ErrUnavailable)
+	for {
+		select {
+		case c := <-i.conns:
+			i.mu.Lock()
+			_, ok := i.live[c]
+			if ok {
+				i.current = c
+			}
+			i.mu.Unlock()
+			if !ok {
+				continue // dropped at a checkpoint while queued
+			}
+			return c, nil
+		case <-ctx.Done():
+			return nil, fmt.Errorf("gvisor: waiting for agent of %s: %w", i.id, errdefs.ErrUnavailable)
+		}
 	}
+}
+
+// trackedConn removes itself from the instance's live set when closed.
+type trackedConn struct {
+	net.Conn
+	i    *Instance
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.i.mu.Lock()
+		delete(c.i.live, c)
+		c.i.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+func (i *Instance) track(c net.Conn) net.Conn {
+	t := &trackedConn{Conn: c, i: i}
+	i.mu.Lock()
+	if i.live == nil {
+		i.live = map[net.Conn]struct{}{}
+	}
+	i.live[t] = struct{}{}
+	i.mu.Unlock()
+	return t
+}
+
+// liveConns returns the agent connections open now.
+func (i *Instance) liveConns() []net.Conn {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	out := make([]net.Conn, 0, len(i.live))
+	for c := range i.live {
+		out = append(out, c)
+	}
+	return out
+}
+
+// reconnectAgent follows a checkpoint or restore. gVisor drops host
+// sockets when it saves a sandbox, without closing the host's end and
+// without telling the guest until the guest next writes. So the host
+// closes every connection that existed before (its client redials and
+// waits for the agent's next connection instead of writing into a dead
+// one), and SIGUSR1 tells the agent to probe its session now: a dead one
+// fails the probe's write at once and the agent redials; a live one is
+// left alone. The signal is sent in the background: callers that need
+// the agent wait for its connection anyway. The agent's own keepalive
+// (30 s) is the backstop should the signal be lost.
+func (i *Instance) reconnectAgent(stale []net.Conn) {
+	for _, c := range stale {
+		c.Close()
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := i.d.runsc(ctx, i, nil, "kill", i.id, "USR1"); err != nil {
+			i.log.Debug("agent reconnect signal", "err", err)
+		}
+	}()
 }
 
 type runscState struct {
@@ -525,7 +603,7 @@ func (i *Instance) Wait(ctx context.Context) (driver.ExitStatus, error) {
 	defer unix.Close(fd)
 	for {
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 200)
+		n, err := unix.Poll(fds, 1000)
 		if err != nil && !errors.Is(err, unix.EINTR) {
 			return driver.ExitStatus{}, err
 		}
