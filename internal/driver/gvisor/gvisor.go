@@ -340,7 +340,7 @@ type Instance struct {
 	conns     chan net.Conn
 	current   net.Conn              // the connection last handed out by DialAgent
 	live      map[net.Conn]struct{} // accepted and not closed by us
-	flags     []string // runsc global flags of this sandbox (same for run and restore)
+	flags     []string              // runsc global flags of this sandbox (same for run and restore)
 	created   bool
 	started   bool
 	pid       int
