@@ -21,7 +21,15 @@ import (
 )
 
 const (
-	readChunk = 64 << 10
+	// Output is read in chunks that start small and double, up to
+	// readChunkMax, while reads fill them: a chatty process costs little
+	// memory, a bulk stream few system calls (each one costs tens of
+	// microseconds inside gVisor).
+	readChunkMin = 64 << 10
+	readChunkMax = 1 << 20
+	// pipeSize is the capacity asked for output pipes (the default is
+	// 64 KiB), so a read can take up to readChunkMax at once.
+	pipeSize = readChunkMax
 	// exitGrace is how long output pipes may stay open after the process
 	// exited (a background grandchild holding them) before the agent stops
 	// waiting for EOF and reports the exit.
@@ -134,6 +142,7 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 				fail()
 				return nil, errdefs.Newf(errdefs.ErrInternal, "pipe: %v", err)
 			}
+			growPipe(r)
 			readers, kinds, childEnds = append(readers, r), append(kinds, kind), append(childEnds, w)
 		}
 		files[1], files[2] = childEnds[0], childEnds[1]
@@ -249,12 +258,23 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 	return p, nil
 }
 
+// growPipe raises a pipe's capacity to pipeSize, best effort (a
+// pipe-max-size limit or an old kernel leaves the default).
+func growPipe(f *os.File) {
+	if rc, err := f.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize)
+		})
+	}
+}
+
 // pump copies one output stream into the log, one event per read. After
 // the process exited and the grace deadline passed it keeps draining what
 // is immediately readable and gives up at the first empty read, so an
 // orphan holding the pipe cannot delay the exit event forever.
 func pump(r *os.File, kind string, log *eventLog) {
-	buf := make([]byte, readChunk)
+	size := readChunkMin
+	buf := make([]byte, size)
 	draining := false
 	var raw syscall.RawConn
 	for {
@@ -277,11 +297,17 @@ func pump(r *os.File, kind string, log *eventLog) {
 		}
 		if n > 0 {
 			var data []byte
-			if n < readChunk/4 {
-				data = append([]byte(nil), buf[:n]...) // don't retain a mostly empty 64 KiB buffer
-			} else {
+			switch {
+			case n < size/4:
+				data = append([]byte(nil), buf[:n]...) // don't retain a mostly empty buffer
+			default:
+				// The event keeps the buffer; the next read gets a new
+				// one, twice as large when this read filled it.
 				data = buf[:n]
-				buf = make([]byte, readChunk)
+				if n == size && size < readChunkMax {
+					size *= 2
+				}
+				buf = make([]byte, size)
 			}
 			log.append(agentproto.Event{Type: kind, Data: data})
 		}
