@@ -698,12 +698,41 @@ func (i *Instance) Destroy(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if len(errs) == 0 {
+		i.removeCgroups()
+	}
 	if i.stateDir != "" && len(errs) == 0 {
 		if err := os.RemoveAll(i.stateDir); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removeCgroups removes the sandbox's cgroups (space/<id> under each v1
+// controller, or under the v2 root). runsc removes them when it deletes a
+// container it finished creating; one killed mid-start leaves them
+// behind, empty. A cgroup that still has processes cannot be removed
+// (EBUSY): the processes are gone a moment after the forced delete, so it
+// is retried briefly, then logged.
+func (i *Instance) removeCgroups() {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/space", i.id))
+	if fi, err := os.Stat(filepath.Join("/sys/fs/cgroup/space", i.id)); err == nil && fi.IsDir() {
+		dirs = append(dirs, filepath.Join("/sys/fs/cgroup/space", i.id))
+	}
+	for _, dir := range dirs {
+		var err error
+		for try := 0; try < 20; try++ {
+			if err = os.Remove(dir); err == nil || errors.Is(err, fs.ErrNotExist) {
+				err = nil
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			i.log.Warn("sandbox cgroup left behind", "dir", dir, "err", err)
+		}
+	}
 }
 
 // alive reports whether pid is a live process (not gone, not a zombie).
