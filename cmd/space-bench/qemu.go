@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,10 +56,12 @@ func (b *bench) qemuRows(agent string) error {
 		return nil
 	}
 	data := filepath.Join(b.tmp, "qemu-data")
-	s, stop, err := b.serve(server.Config{DataDir: data, AgentPath: agent, Drivers: "gvisor,qemu", PoolSize: -1})
+	s, stopServer, err := b.serve(server.Config{DataDir: data, AgentPath: agent, Drivers: "gvisor,qemu", PoolSize: -1})
 	if err != nil {
 		return err
 	}
+	var stopOnce sync.Once
+	stop := func() { stopOnce.Do(stopServer) }
 	defer stop()
 	ctx := context.Background()
 	tb, err := template.NewBuilder(filepath.Join(b.cache, "templates"))
@@ -220,7 +223,18 @@ func (b *bench) qemuRows(agent string) error {
 			return fmt.Errorf("qemu rows: %w", err)
 		}
 	}
-	b.rows = append(b.rows, create, pause, resume, ckpt, restore, fork1, fork5)
+	// The warm row runs its own server: no VM of this one idles meanwhile
+	// (sandboxes outlive a server, so they go first).
+	kill(first.ID)
+	stop()
+	warm, err := b.qemuWarmRow(agent, label("create, warm pool refilled by restore (claim)"), create.space)
+	if err != nil {
+		return fmt.Errorf("qemu warm row: %w", err)
+	}
+	b.rows = append(b.rows, create, warm, pause, resume, ckpt, restore, fork1, fork5)
+	b.notes = append(b.notes, fmt.Sprintf("QEMU warm pool (`--pool-drivers qemu=1:%d`): the pool keeps one post-boot checkpoint and refills by restoring it; "+
+		"its raw column is space's own cold QEMU create (first row); a refill costs about one create from checkpoint (row below).",
+		qemuMemoryMB))
 	b.notes = append(b.notes, fmt.Sprintf("QEMU rows (accelerator %s, %d MiB guests, n=%d): raw QEMU boots the same kernel, initramfs, command line and template disk as the space VM, "+
 		"its ready mark being the agent's start line on the serial console; raw checkpoint/restore/fork are the driver's QMP and migration steps driven directly. "+
 		"Host RSS of an idle VM's QEMU process: space %s, raw %s.", m.Accel, qemuMemoryMB, *qemuSamples, mibRange(spaceRSS), mibRange(rawRSS)))
@@ -582,4 +596,70 @@ func lastBytes(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// qemuWarmRow measures creates served by a QEMU warm pool that refills by
+// restoring its post-boot image, on a server of its own with a pool of
+// one: every sample waits until the pool is ready again, so each claim is
+// of a restored VM. cold is the cold create row, the comparison column.
+func (b *bench) qemuWarmRow(agent, name string, cold []time.Duration) (row, error) {
+	r := row{name: name, rawName: "space create, cold (no pool)", raw: cold}
+	data := filepath.Join(b.tmp, "qemu-pool-data")
+	s, stop, err := b.serve(server.Config{DataDir: data, AgentPath: agent, Drivers: "gvisor,qemu", PoolSize: -1,
+		PoolDrivers: fmt.Sprintf("qemu=1:%d", qemuMemoryMB)})
+	if err != nil {
+		return r, err
+	}
+	defer stop()
+	metric := func(sample string) float64 {
+		resp, err := http.Get(s.url + "/metrics")
+		if err != nil {
+			return 0
+		}
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<16), 1<<20)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), sample+" "); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		return 0
+	}
+	const (
+		restores = `space_pool_refills_total{driver="qemu",method="restore"}`
+		pooled   = `space_sandboxes{state="pooled"}`
+	)
+	// ready waits for the n-th restore to be in the pool.
+	ready := func(n float64) error {
+		deadline := time.Now().Add(5 * time.Minute)
+		for metric(restores) < n || metric(pooled) < 1 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("the qemu pool did not refill by restore (restores %v, pooled %v)", metric(restores), metric(pooled))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return nil
+	}
+	if err := ready(1); err != nil {
+		return r, err
+	}
+	for i := 0; i < *qemuSamples; i++ {
+		time.Sleep(time.Second) // let the refill's QEMU settle
+		var sb struct{ ID string }
+		t0 := time.Now()
+		code := s.do("POST", "/v1/sandboxes", map[string]any{"driver": "qemu", "memory_mb": qemuMemoryMB}, &sb)
+		d := time.Since(t0)
+		if code != 201 {
+			return r, fmt.Errorf("warm create: HTTP %d", code)
+		}
+		r.space = append(r.space, d)
+		err := ready(float64(i + 2))
+		s.do("DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
+		if err != nil {
+			return r, err
+		}
+	}
+	return r, nil
 }

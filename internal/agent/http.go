@@ -137,6 +137,12 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 			a.log.Warn("seed entropy", "err", err)
 		}
 	}
+	if len(req.Entropy) > 0 {
+		if err := reseed(req.Entropy); err != nil {
+			writeError(w, errdefs.Newf(classOf(err), "%v", err))
+			return
+		}
+	}
 	if req.Egress != nil {
 		if err := a.startEgress(*req.Egress); err != nil {
 			writeError(w, err)

@@ -39,6 +39,7 @@ func Run(args []string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
 	if *vmInitMode {
+		inVM = true
 		if err := vmInit(log); err != nil {
 			log.Error("vm init", "err", err)
 			powerOff()

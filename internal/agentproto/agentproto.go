@@ -54,6 +54,14 @@ type InitRequest struct {
 	Time time.Time `json:"time,omitempty"`
 	// Seed, when set, is mixed into the guest's entropy pool.
 	Seed []byte `json:"seed,omitempty"`
+	// Entropy, when set, is fresh host randomness (64 bytes from
+	// crypto/rand) that the agent credits to the guest kernel's pool
+	// (RNDADDENTROPY) before forcing a reseed of its CRNG (RNDRESEEDCRNG):
+	// VMs restored from one memory image start with the same RNG state,
+	// and only a reseed makes their output differ at once. In a VM any
+	// failure fails the Init; where the kernel has no such ioctl (gVisor,
+	// whose RNG is the host's) it is skipped.
+	Entropy []byte `json:"entropy,omitempty"`
 	// Egress, when set, turns on the sandbox's only way out: a local
 	// proxy endpoint whose connections the agent tunnels to the host.
 	Egress *EgressInit `json:"egress,omitempty"`

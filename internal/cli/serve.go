@@ -37,6 +37,7 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "default-timeout", env: "SPACE_DEFAULT_TIMEOUT", usage: "sandbox timeout in seconds when a create asks for none (default 300)", num: &cfg.DefaultTimeoutS},
 		{name: "max-timeout", env: "SPACE_MAX_TIMEOUT", usage: "largest sandbox timeout in seconds (default 86400)", num: &cfg.MaxTimeoutS},
 		{name: "pool-size", env: "SPACE_POOL_SIZE", usage: "warm sandboxes of the default template kept ready; -1 turns the pool off (default 2)", num: &cfg.PoolSize},
+		{name: "pool-drivers", env: "SPACE_POOL_DRIVERS", usage: "warm pools on more drivers, DRIVER=N[:MEMORY_MB],… e.g. qemu=2 (needs the driver in --drivers; QEMU pools refill by restoring a post-boot checkpoint; an entry for the default driver replaces --pool-size)", str: &cfg.PoolDrivers},
 		{name: "snapshot-interval", env: "SPACE_SNAPSHOT_INTERVAL", usage: "seconds between automatic files snapshots of a changing sandbox; -1 turns them off (default 300)", num: &cfg.SnapshotIntervalS},
 		{name: "retention-days", env: "SPACE_RETENTION_DAYS", usage: "how long snapshot history is kept, thinned hourly then daily (default 7)", num: &cfg.RetentionDays},
 		{name: "egress-hosts", env: "SPACE_EGRESS_HOSTS", usage: "operator name map for the egress proxy, name=ip,… (off by default; for tests and internal mirrors)", str: &cfg.EgressHosts},
@@ -55,6 +56,9 @@ func (a *app) serveCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.DataDir = firstNonEmpty(a.dataDir, a.getenv("SPACE_DATA"))
 			if err := applyServeEnv(cmd.Flags(), flags, a.getenv); err != nil {
+				return err
+			}
+			if _, err := server.ParsePoolDrivers(cfg.PoolDrivers); err != nil {
 				return err
 			}
 			cfg.Defaults()

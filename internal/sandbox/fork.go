@@ -210,7 +210,7 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 	seed := make([]byte, 32)
 	rand.Read(seed)
 	// A fresh identity: the new id and env, new entropy, the host's clock.
-	if err := s.initAgent(ctx, sb, agent, agentproto.InitRequest{Seed: seed, Time: s.now().UTC()}, true); err != nil {
+	if err := s.initAgent(ctx, sb, agent, agentproto.InitRequest{Seed: seed, Entropy: freshEntropy(), Time: s.now().UTC()}, true); err != nil {
 		return fail(fmt.Errorf("restored agent did not answer: %v: %w", err, errdefs.ErrUnavailable))
 	}
 	l := &live{inst: inst, agent: agent}

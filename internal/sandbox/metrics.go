@@ -12,6 +12,12 @@ type Metrics struct {
 	CreateLatency *prometheus.HistogramVec
 	CreateErrors  prometheus.Counter
 	ExecLatency   *prometheus.HistogramVec
+	// PoolRefills counts warm sandboxes added to a pool, by how they
+	// were made: "boot" (cold) or "restore" (from the pool's image).
+	PoolRefills *prometheus.CounterVec
+	// PoolImage counts pool image events: "built", "build_failed",
+	// "restore_failed" (the pool then refills by booting), "removed".
+	PoolImage *prometheus.CounterVec
 }
 
 // NewMetrics registers the service's instruments on reg. The sandbox count
@@ -29,8 +35,14 @@ func NewMetrics(reg prometheus.Registerer, counts func(context.Context) (map[str
 		ExecLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "space", Name: "exec_start_seconds", Help: "Time to start a process in a sandbox.", Buckets: buckets,
 		}, []string{"driver"}),
+		PoolRefills: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "space", Name: "pool_refills_total", Help: "Warm sandboxes added to a pool, by method (boot or restore).",
+		}, []string{"driver", "method"}),
+		PoolImage: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "space", Name: "pool_image_events_total", Help: "Pool restore images built, failed to build, failed to restore, removed.",
+		}, []string{"driver", "event"}),
 	}
-	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency)
+	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency, m.PoolRefills, m.PoolImage)
 	if counts != nil {
 		reg.MustRegister(&stateCollector{counts: counts, desc: prometheus.NewDesc("space_sandboxes", "Sandboxes by state.", []string{"state"}, nil)})
 	}

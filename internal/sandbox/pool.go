@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"maps"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,15 @@ type PoolConfig struct {
 	Size int
 	// Max caps the adaptive target (default 4×Size).
 	Max int
+	// Driver is the pooled sandboxes' driver ("": the server's default);
+	// MemoryMB their memory (0: a create's default).
+	Driver   string
+	MemoryMB int
+	// FromImage refills the pool by restoring one post-boot checkpoint of
+	// its shape instead of booting (poolimage.go): for drivers whose
+	// restore is faster than their boot (QEMU). Without a usable image
+	// the pool boots, as it does without FromImage.
+	FromImage bool
 }
 
 // shape is what must match for a pooled sandbox to serve a create.
@@ -44,6 +54,8 @@ type warm struct {
 	sb    store.Sandbox
 	inst  driver.Instance
 	agent *agentclient.Client
+	// restored: made from the pool's image, not booted.
+	restored bool
 }
 
 // pool keeps warm sandboxes of one shape.
@@ -55,6 +67,7 @@ type pool struct {
 	max    int
 	ready  chan *warm
 	kick   chan struct{}
+	img    *poolImage // nil: the pool refills by booting
 	target atomic.Int64
 	// claims counts recent claims for the adaptive target.
 	mu     sync.Mutex
@@ -88,7 +101,7 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 	if cfg.Max < cfg.Size {
 		cfg.Max = 4 * cfg.Size
 	}
-	req := CreateRequest{Template: tpl.Name}
+	req := CreateRequest{Template: tpl.Name, Driver: cfg.Driver, MemoryMB: cfg.MemoryMB}
 	if err := s.validateCreate(&req); err != nil {
 		s.log.Error("warm pool not started", "template", tpl.Name, "err", err)
 		return
@@ -99,6 +112,8 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		s.pools = &pools{byKey: map[shape]*pool{}, cancel: cancel}
 		s.poolCtx = pctx
+		// Images a crashed server left behind (a clean stop removes them).
+		_ = os.RemoveAll(s.poolImagesDir())
 	}
 	ps := s.pools
 	s.poolsMu.Unlock()
@@ -108,6 +123,14 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 		return
 	}
 	p := &pool{s: s, shape: k, tpl: tpl, base: cfg.Size, max: cfg.Max, ready: make(chan *warm, cfg.Max), kick: make(chan struct{}, 1)}
+	if cfg.FromImage {
+		_, canRestore := s.drivers[k.driver].(driver.Restorer)
+		if canRestore {
+			p.img = s.newPoolImage(k)
+		} else {
+			s.log.Warn("warm pool: driver cannot restore; refilling by booting", "driver", k.driver)
+		}
+	}
 	p.target.Store(int64(cfg.Size))
 	ps.byKey[k] = p
 	ps.mu.Unlock()
@@ -116,7 +139,7 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 		defer ps.wg.Done()
 		p.fill(s.poolCtx)
 	}()
-	s.log.Info("warm pool started", "template", tpl.Name, "driver", k.driver, "size", cfg.Size, "max", cfg.Max)
+	s.log.Info("warm pool started", "template", tpl.Name, "driver", k.driver, "size", cfg.Size, "max", cfg.Max, "memory_mb", k.memoryMB, "from_image", p.img != nil)
 }
 
 // take returns a warm sandbox, or nil when the pool is empty (the caller
@@ -170,7 +193,7 @@ func (p *pool) fill(ctx context.Context) {
 			// Pool boots run at the lowest CPU share, so on a saturated
 			// host they can take minutes: the deadline is generous.
 			bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Minute)
-			w, err := p.s.bootWarm(bctx, p)
+			w, err := p.refill(bctx)
 			bcancel()
 			if err == nil && ctx.Err() != nil {
 				p.s.discardWarm(w)
@@ -207,12 +230,7 @@ func (p *pool) fill(ctx context.Context) {
 // bootWarm starts one pooled sandbox: recorded as pooled (so a server
 // crash cleans it up on restart), booted, agent answering.
 func (s *Service) bootWarm(ctx context.Context, p *pool) (*warm, error) {
-	now := s.now().UTC()
-	sb := store.Sandbox{
-		ID: newID(), Team: poolTeam, Template: p.tpl.Name, TemplateDigest: p.tpl.Digest,
-		Driver: p.shape.driver, State: StatePooled, Env: map[string]string{}, Metadata: map[string]string{},
-		CPU: p.shape.cpu, MemoryMB: p.shape.memoryMB, CreatedAt: now, UpdatedAt: now,
-	}
+	sb := s.pooledRecord(p)
 	if err := s.store.CreateSandbox(ctx, sb); err != nil {
 		return nil, err
 	}
@@ -234,7 +252,9 @@ func (s *Service) discardWarm(w *warm) {
 }
 
 // claim turns a warm sandbox into the caller's. The identity (env,
-// network, secret placeholders) goes to the agent first, while nobody else
+// network, secret placeholders) goes to the agent first, with fresh
+// entropy (a forced reseed of the guest's RNG, whose state a restored
+// sandbox shares with every clone of its pool's image), while nobody else
 // knows the sandbox: a crash meanwhile leaves a pooled record, which
 // Recover destroys. Then one compare-and-set gives the record its owner
 // and makes it running; nothing is read back. On failure the warm sandbox
@@ -262,12 +282,14 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 		if err := s.putNetwork(ctx, sb.ID, req.Network, req.Secrets); err != nil {
 			return fail(err)
 		}
-		if err := s.initAgent(ctx, sb, w.agent, initNone, true); err != nil {
+		if err := s.initAgent(ctx, sb, w.agent, claimInit(w), true); err != nil {
 			return fail(err)
 		}
 	} else {
 		ictx, cancel := context.WithTimeout(ctx, time.Minute)
-		err := w.agent.Init(ictx, agentproto.InitRequest{SandboxID: sb.ID, Env: maps.Clone(sb.Env)})
+		req := claimInit(w)
+		req.SandboxID, req.Env = sb.ID, maps.Clone(sb.Env)
+		err := w.agent.Init(ictx, req)
 		cancel()
 		if err != nil {
 			return fail(err)
@@ -281,8 +303,19 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 	s.live[sb.ID] = l
 	s.mu.Unlock()
 	s.watch(sb.ID, l)
-	s.log.Info("sandbox created from the warm pool", "sandbox", sb.ID, "template", sb.Template)
+	s.log.Info("sandbox created from the warm pool", "sandbox", sb.ID, "template", sb.Template, "driver", sb.Driver, "restored", w.restored)
 	return sb, nil
+}
+
+// claimInit is what a claim's Init carries beyond the identity: fresh
+// entropy always (gVisor's RNG is the host's, and the ioctl is skipped
+// there), the host's clock for a restored sandbox.
+func claimInit(w *warm) agentproto.InitRequest {
+	req := agentproto.InitRequest{Entropy: freshEntropy()}
+	if w.restored {
+		req.Time = time.Now().UTC()
+	}
+	return req
 }
 
 // StopPools stops refilling and destroys every warm sandbox.
@@ -299,6 +332,9 @@ func (s *Service) StopPools() {
 	defer ps.mu.Unlock()
 	n := 0
 	for _, p := range ps.byKey {
+		if p.img != nil {
+			s.removePoolImage(p, p.img)
+		}
 		for {
 			select {
 			case w := <-p.ready:
@@ -310,6 +346,8 @@ func (s *Service) StopPools() {
 			break
 		}
 	}
+	// Whatever else is there (a temp dir of a build cut short).
+	_ = os.RemoveAll(s.poolImagesDir())
 	s.log.Info("warm pools drained", "destroyed", n)
 }
 

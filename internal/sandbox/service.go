@@ -11,7 +11,6 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
-	"github.com/spacesandbox/space/internal/agentproto"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -42,9 +41,6 @@ const (
 
 // Live states hold host resources.
 var liveStates = []string{StateCreating, StateRunning, StatePaused, StateStopping, StateError, StatePooled}
-
-// initNone is an Init with nothing beyond the sandbox's own identity.
-var initNone = agentproto.InitRequest{}
 
 // Config configures the service.
 type Config struct {

@@ -1,8 +1,11 @@
 package server
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 )
 
 // Config is everything `space serve` is told by flags and SPACE_* variables.
@@ -27,6 +30,12 @@ type Config struct {
 	// PoolSize is how many warm sandboxes of the default template are kept
 	// started ahead of demand (--pool-size, default 2; 0 turns it off).
 	PoolSize int
+	// PoolDrivers keeps warm pools of the default template on other
+	// drivers too: "qemu=2" or "qemu=2:256" (size, and memory in MiB),
+	// comma-separated (--pool-drivers, SPACE_POOL_DRIVERS; see
+	// ParsePoolDrivers). An entry for the default driver replaces
+	// --pool-size for it.
+	PoolDrivers string
 	// Snapshots.
 	SnapshotIntervalS int    // --snapshot-interval: automatic files snapshots (default 300; -1 off)
 	RetentionDays     int    // --retention-days (default 7)
@@ -98,3 +107,59 @@ const (
 	KeyFile   = "api-key"    // the admin key, mode 0600
 	ServeFile = "serve.json" // {"url": "http://127.0.0.1:7070"} while the server runs
 )
+
+// PoolSpec is one entry of --pool-drivers.
+type PoolSpec struct {
+	Driver   string
+	Size     int // warm sandboxes kept ready (0: none)
+	MemoryMB int // their memory (0: a create's default)
+}
+
+// MaxPoolSize caps one --pool-drivers entry.
+const MaxPoolSize = 64
+
+// ParsePoolDrivers parses --pool-drivers: DRIVER=N[:MEMORY_MB],… with a
+// known driver name at most once, 0 ≤ N ≤ MaxPoolSize and, when given,
+// MEMORY_MB ≥ 128 (what a VM needs). Empty: no entries.
+func ParsePoolDrivers(v string) ([]PoolSpec, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return nil, nil
+	}
+	bad := func(entry, format string, args ...any) error {
+		return fmt.Errorf("--pool-drivers %q: %s (want DRIVER=N[:MEMORY_MB],…, e.g. qemu=2)", entry, fmt.Sprintf(format, args...))
+	}
+	var out []PoolSpec
+	seen := map[string]bool{}
+	for _, entry := range strings.Split(v, ",") {
+		entry = strings.TrimSpace(entry)
+		name, rest, ok := strings.Cut(entry, "=")
+		name = strings.TrimSpace(name)
+		if !ok || name == "" {
+			return nil, bad(entry, "no DRIVER=N")
+		}
+		if !knownDrivers[name] {
+			return nil, bad(entry, "unknown driver %q (known: gvisor, qemu, firecracker)", name)
+		}
+		if seen[name] {
+			return nil, bad(entry, "driver %s given twice", name)
+		}
+		seen[name] = true
+		sizeS, memS, hasMem := strings.Cut(rest, ":")
+		size, err := strconv.Atoi(strings.TrimSpace(sizeS))
+		if err != nil || size < 0 || size > MaxPoolSize {
+			return nil, bad(entry, "size must be a number from 0 to %d", MaxPoolSize)
+		}
+		spec := PoolSpec{Driver: name, Size: size}
+		if hasMem {
+			if spec.MemoryMB, err = strconv.Atoi(strings.TrimSpace(memS)); err != nil || spec.MemoryMB < 128 {
+				return nil, bad(entry, "memory must be a number of MiB, at least 128")
+			}
+		}
+		out = append(out, spec)
+	}
+	return out, nil
+}
+
+// knownDrivers are the driver names Run can build.
+var knownDrivers = map[string]bool{"gvisor": true, "qemu": true, "firecracker": true}
