@@ -101,6 +101,36 @@ func TestWarmPool(t *testing.T) {
 		t.Errorf("claimed sandbox with a network policy: %+v", r)
 	}
 	s.do("DELETE", "/v1/sandboxes/"+n.ID, s.key, nil, nil)
+	// A warm create is answered before the identity reaches the agent:
+	// whatever comes right after it (a destroy, a pause) waits for it
+	// and works; nothing of the sandbox leaks.
+	waitFor(t, "a warm sandbox", 90*time.Second, func() bool { return pooledCount(t, s) >= 1 })
+	var k sandboxView
+	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{}, &k); code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	if code := s.do("DELETE", "/v1/sandboxes/"+k.ID, s.key, nil, nil); code != 204 {
+		t.Errorf("destroy right after a warm create: %d", code)
+	}
+	waitFor(t, "the destroyed sandbox's state dir to go", 30*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(s.data, "sandboxes", k.ID))
+		return os.IsNotExist(err)
+	})
+	waitFor(t, "a warm sandbox", 90*time.Second, func() bool { return pooledCount(t, s) >= 1 })
+	var pz sandboxView
+	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"env": map[string]string{"TENANT": "gamma"}}, &pz); code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+pz.ID+"/pause", s.key, nil, nil); code != 200 {
+		t.Errorf("pause right after a warm create: %d", code)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+pz.ID+"/resume", s.key, nil, nil); code != 200 {
+		t.Errorf("resume: %d", code)
+	}
+	if r := s.sh(pz.ID, "echo $TENANT"); r.Stdout != "gamma\n" {
+		t.Errorf("identity after pause/resume right after a warm create: %+v", r)
+	}
+	s.do("DELETE", "/v1/sandboxes/"+pz.ID, s.key, nil, nil)
 	// Pooled sandboxes are not visible to anyone.
 	var list struct{ Sandboxes []sandboxView }
 	s.do("GET", "/v1/sandboxes", s.key, nil, &list)

@@ -104,11 +104,15 @@ func (a *Agent) handleInfo(w http.ResponseWriter, r *http.Request) {
 	var uts unix.Utsname
 	_ = unix.Uname(&uts)
 	host, _ := os.Hostname()
+	a.mu.Lock()
+	id := a.sandboxID
+	a.mu.Unlock()
 	writeJSON(w, agentproto.Info{
-		Version:  agentproto.Version,
-		Kernel:   unix.ByteSliceToString(uts.Release[:]),
-		Hostname: host,
-		PID:      os.Getpid(),
+		Version:   agentproto.Version,
+		Kernel:    unix.ByteSliceToString(uts.Release[:]),
+		Hostname:  host,
+		PID:       os.Getpid(),
+		SandboxID: id,
 	})
 }
 

@@ -15,7 +15,8 @@ package agentproto
 import "time"
 
 // Version is the protocol version reported by the agent in Info.
-const Version = "1"
+// 2: Info carries the SandboxID of the last Init.
+const Version = "2"
 
 // Paths served by the agent.
 const (
@@ -41,6 +42,8 @@ type Info struct {
 	Kernel   string `json:"kernel"`   // uname release inside the guest
 	Hostname string `json:"hostname"` // guest hostname
 	PID      int    `json:"pid"`      // the agent's own pid (1 when it is init)
+	// SandboxID is the id of the last Init ("" before any; version ≥ 2).
+	SandboxID string `json:"sandbox_id,omitempty"`
 }
 
 // InitRequest gives a sandbox its identity. It is sent once after start (and

@@ -242,6 +242,11 @@ func (s *Service) Recover(ctx context.Context) error {
 				}
 			}
 		}
+		if sb.State == StateRunning && sb.Team != poolTeam {
+			l.ready = make(chan struct{})
+			l.opMu.Lock()
+			go s.confirmIdentity(sb, l)
+		}
 		s.mu.Lock()
 		s.live[sb.ID] = l
 		s.mu.Unlock()

@@ -3,8 +3,10 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/store"
 )
 
@@ -251,14 +254,28 @@ func (s *Service) discardWarm(w *warm) {
 	_ = s.store.DeleteSandbox(ctx, w.sb.ID)
 }
 
-// claim turns a warm sandbox into the caller's. The identity (env,
-// network, secret placeholders) goes to the agent first, with fresh
-// entropy (a forced reseed of the guest's RNG, whose state a restored
-// sandbox shares with every clone of its pool's image), while nobody else
-// knows the sandbox: a crash meanwhile leaves a pooled record, which
-// Recover destroys. Then one compare-and-set gives the record its owner
-// and makes it running; nothing is read back. On failure the warm sandbox
-// is destroyed, never put back.
+// claim turns a warm sandbox into the caller's.
+//
+// With a network policy or secrets (the slower path) the identity goes to
+// the agent first, while nobody else knows the sandbox (a crash meanwhile
+// leaves a pooled record, which Recover destroys), then one compare-and-set
+// gives the record its owner and makes it running.
+//
+// Without them (the common case) the compare-and-set comes first and the
+// create is answered at once; the identity (id, env, fresh entropy: a
+// forced reseed of the guest's RNG, whose state a restored sandbox shares
+// with every clone of its pool's image) is delivered in the background,
+// after the sandbox got its normal CPU share back (both take a wake-up of
+// the sandbox, which on a small host costs more than the rest of a create).
+// Nothing reaches the guest before it: every request for the sandbox goes
+// through liveOf, which waits for it, and lifecycle operations wait on
+// opMu, held meanwhile. A pooled sandbox has no network either way. If the
+// delivery fails the sandbox is destroyed and requests get the error; if
+// the server dies meanwhile, Recover finds the agent without this id and
+// delivers it then (confirmIdentity).
+//
+// On failure before the answer the warm sandbox is destroyed, never put
+// back.
 func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req CreateRequest, w *warm) (store.Sandbox, error) {
 	sb := w.sb
 	sb.Team, sb.Env, sb.Metadata = want.Team, want.Env, want.Metadata
@@ -271,40 +288,91 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 		s.discardWarm(w)
 		return store.Sandbox{}, err
 	}
-	if pr, ok := w.inst.(driver.Prioritizer); ok {
-		if err := pr.Prioritize(ctx); err != nil {
-			return fail(err)
-		}
-	}
+	l := &live{inst: w.inst, agent: w.agent}
 	if (req.Network != nil && !req.Network.empty()) || len(req.Secrets) > 0 {
 		// A network policy is bound from its record (placeholders are
 		// minted and stored): the slower path.
+		if err := prioritize(ctx, w.inst); err != nil {
+			return fail(err)
+		}
 		if err := s.putNetwork(ctx, sb.ID, req.Network, req.Secrets); err != nil {
 			return fail(err)
 		}
 		if err := s.initAgent(ctx, sb, w.agent, claimInit(w), true); err != nil {
 			return fail(err)
 		}
-	} else {
-		ictx, cancel := context.WithTimeout(ctx, time.Minute)
-		req := claimInit(w)
-		req.SandboxID, req.Env = sb.ID, maps.Clone(sb.Env)
-		err := w.agent.Init(ictx, req)
-		cancel()
-		if err != nil {
+		if err := s.store.ClaimSandbox(ctx, sb); err != nil {
 			return fail(err)
 		}
+	} else {
+		if err := s.store.ClaimSandbox(ctx, sb); err != nil {
+			return fail(err)
+		}
+		init := claimInit(w)
+		init.SandboxID, init.Env = sb.ID, maps.Clone(sb.Env)
+		l.ready = make(chan struct{})
+		l.opMu.Lock()
+		go s.deliverIdentity(sb.ID, l, init)
 	}
-	if err := s.store.ClaimSandbox(ctx, sb); err != nil {
-		return fail(err)
-	}
-	l := &live{inst: w.inst, agent: w.agent}
 	s.mu.Lock()
 	s.live[sb.ID] = l
 	s.mu.Unlock()
 	s.watch(sb.ID, l)
 	s.log.Info("sandbox created from the warm pool", "sandbox", sb.ID, "template", sb.Template, "driver", sb.Driver, "restored", w.restored)
 	return sb, nil
+}
+
+// deliverIdentity sends init to a claimed sandbox's agent, then lets
+// requests through (l.ready) and lifecycle operations (l.opMu, which the
+// caller locked). A sandbox whose agent does not take it is destroyed.
+func (s *Service) deliverIdentity(id string, l *live, init agentproto.InitRequest) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	err := prioritize(ctx, l.inst)
+	if err == nil {
+		err = l.agent.Init(ctx, init)
+	}
+	cancel()
+	if err != nil {
+		l.initErr = fmt.Errorf("sandbox %s did not start: its agent refused its identity: %v: %w", id, err, errdefs.ErrUnavailable)
+	}
+	close(l.ready)
+	l.opMu.Unlock()
+	if err != nil {
+		s.log.Error("claimed sandbox did not take its identity; destroying it", "sandbox", id, "err", err)
+		_ = s.destroy(context.Background(), id, l, "error: identity not delivered")
+	}
+}
+
+// prioritize gives a claimed sandbox the normal CPU share (pooled ones
+// wait at the lowest).
+func prioritize(ctx context.Context, inst driver.Instance) error {
+	if pr, ok := inst.(driver.Prioritizer); ok {
+		return pr.Prioritize(ctx)
+	}
+	return nil
+}
+
+// confirmIdentity runs for a running sandbox re-attached at start: a
+// claim whose identity delivery the previous server process did not finish
+// left an agent that never got this sandbox's id; it gets it now. Agents
+// older than protocol 2 do not report the id and are left alone.
+func (s *Service) confirmIdentity(sb store.Sandbox, l *live) {
+	defer func() {
+		close(l.ready)
+		l.opMu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	info, err := l.agent.Info(ctx)
+	if v, _ := strconv.Atoi(info.Version); err != nil || v < 2 || info.SandboxID == sb.ID {
+		return
+	}
+	init := agentproto.InitRequest{SandboxID: sb.ID, Env: maps.Clone(sb.Env), Entropy: freshEntropy()}
+	if err := l.agent.Init(ctx, init); err != nil {
+		s.log.Error("re-attached sandbox did not take its identity", "sandbox", sb.ID, "err", err)
+		return
+	}
+	s.log.Warn("re-attached sandbox got the identity its claim had not delivered", "sandbox", sb.ID)
 }
 
 // claimInit is what a claim's Init carries beyond the identity: fresh

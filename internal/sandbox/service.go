@@ -98,6 +98,24 @@ type live struct {
 	// opMu serialises lifecycle operations (pause, resume, destroy) on one
 	// sandbox; exec and files do not take it.
 	opMu sync.Mutex
+	// ready, when not nil, is closed once the sandbox has its identity
+	// (a warm claim delivers it after answering the create: see claim);
+	// initErr then says whether that failed.
+	ready   chan struct{}
+	initErr error
+}
+
+// wait blocks until the sandbox has its identity.
+func (l *live) wait(ctx context.Context) error {
+	if l.ready == nil {
+		return nil
+	}
+	select {
+	case <-l.ready:
+		return l.initErr
+	case <-ctx.Done():
+		return fmt.Errorf("sandbox is still starting: %w: %w", errdefs.ErrUnavailable, ctx.Err())
+	}
 }
 
 // New returns a service; call Recover before serving requests.
@@ -167,6 +185,9 @@ func (s *Service) liveOf(ctx context.Context, c Caller, id string, states ...str
 	s.mu.Unlock()
 	if l == nil {
 		return sb, nil, errdefs.Unavailable("sandbox %s is not attached yet", id)
+	}
+	if err := l.wait(ctx); err != nil {
+		return sb, nil, err
 	}
 	return sb, l, nil
 }

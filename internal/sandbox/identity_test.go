@@ -1,0 +1,141 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spacesandbox/space/internal/agent"
+	"github.com/spacesandbox/space/internal/agentclient"
+	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// hostAgent runs a real space-agent in this process, reached over a unix
+// socket the way the drivers reach theirs.
+func hostAgent(t *testing.T) *agentclient.Client {
+	t.Helper()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	home := filepath.Join(dir, "home")
+	if err := os.Mkdir(home, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a := agent.New(agent.Options{User: u.Username, Home: home})
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = a.Serve(ctx, agent.Dial("unix", sock))
+	}()
+	c := agentclient.New(agentclient.AcceptDialer(ln), slog.New(slog.DiscardHandler))
+	t.Cleanup(func() {
+		c.Close()
+		cancel()
+		ln.Close()
+		<-served
+		a.Close()
+	})
+	return c
+}
+
+// A server that died between answering a warm create and delivering the
+// identity re-attaches an agent that never got it: confirmIdentity
+// delivers it (id and env), and requests wait for that.
+func TestConfirmIdentityDeliversUndelivered(t *testing.T) {
+	c := hostAgent(t)
+	svc := New(Config{DataDir: t.TempDir()}, nil, nil, slog.New(slog.DiscardHandler), nil)
+	sb := store.Sandbox{ID: "sb-identity", Team: "t", Env: map[string]string{"TENANT": "alpha"}}
+	l := &live{agent: c, ready: make(chan struct{})}
+	l.opMu.Lock()
+	go svc.confirmIdentity(sb, l)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := l.wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !l.opMu.TryLock() {
+		t.Fatal("opMu still held after the identity was confirmed")
+	}
+	l.opMu.Unlock()
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.SandboxID != sb.ID {
+		t.Fatalf("agent sandbox id = %q, want %q", info.SandboxID, sb.ID)
+	}
+	out := runEnv(t, c, "TENANT")
+	if out != "alpha" {
+		t.Fatalf("TENANT = %q after re-delivery", out)
+	}
+
+	// An agent that has its identity is left alone: a different env in
+	// the record is not pushed again.
+	sb.Env = map[string]string{"TENANT": "beta"}
+	l2 := &live{agent: c, ready: make(chan struct{})}
+	l2.opMu.Lock()
+	go svc.confirmIdentity(sb, l2)
+	if err := l2.wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := runEnv(t, c, "TENANT"); out != "alpha" {
+		t.Fatalf("TENANT = %q: an initialised agent was initialised again", out)
+	}
+}
+
+// Requests for a sandbox whose identity is still on its way wait for it,
+// and get the delivery's error when it failed.
+func TestLiveWait(t *testing.T) {
+	l := &live{ready: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := l.wait(ctx); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("wait before delivery = %v, want unavailable", err)
+	}
+	l.initErr = errdefs.Unavailable("refused")
+	close(l.ready)
+	if err := l.wait(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("wait after a failed delivery = %v", err)
+	}
+	if err := (&live{}).wait(context.Background()); err != nil {
+		t.Fatalf("a sandbox without a pending delivery: %v", err)
+	}
+}
+
+func runEnv(t *testing.T, c *agentclient.Client, name string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, ev, err := c.Run(ctx, agentproto.StartRequest{Cmd: []string{"/bin/sh", "-c", "printf %s \"$" + name + "\""}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ev.Close()
+	var out []byte
+	for {
+		e, err := ev.Next()
+		if err != nil {
+			break
+		}
+		if e.Type == agentproto.EventStdout {
+			out = append(out, e.Data...)
+		}
+	}
+	return string(out)
+}
