@@ -633,36 +633,45 @@ func (i *Instance) Wait(ctx context.Context) (driver.ExitStatus, error) {
 		}
 		pid = st.Pid
 	}
-	fd, err := unix.PidfdOpen(pid, 0)
+	// A non-blocking pidfd in Go's poller: waiting costs no thread (a
+	// server with hundreds of sandboxes would otherwise park one OS thread
+	// in poll(2) per sandbox).
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
 			return driver.ExitStatus{Reason: "exited"}, nil
 		}
 		return driver.ExitStatus{}, fmt.Errorf("pidfd_open: %w", err)
 	}
-	defer unix.Close(fd)
-	for {
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return driver.ExitStatus{}, err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = f.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
+	err = rc.Read(func(fd uintptr) bool {
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 1000)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			return driver.ExitStatus{}, err
-		}
-		if n > 0 {
-			i.mu.Lock()
-			destroyed := i.destroyed
-			i.mu.Unlock()
-			if destroyed {
-				return driver.ExitStatus{Reason: "destroyed"}, nil
-			}
-			if i.oomKilled() {
-				return driver.ExitStatus{Reason: "oom"}, nil
-			}
-			return driver.ExitStatus{Reason: "exited"}, nil
-		}
+		n, _ := unix.Poll(fds, 0)
+		return n > 0 // readable: the process exited
+	})
+	if err != nil {
 		if ctx.Err() != nil {
 			return driver.ExitStatus{}, ctx.Err()
 		}
+		return driver.ExitStatus{}, fmt.Errorf("wait on pidfd: %w", err)
 	}
+	i.mu.Lock()
+	destroyed := i.destroyed
+	i.mu.Unlock()
+	if destroyed {
+		return driver.ExitStatus{Reason: "destroyed"}, nil
+	}
+	if i.oomKilled() {
+		return driver.ExitStatus{Reason: "oom"}, nil
+	}
+	return driver.ExitStatus{Reason: "exited"}, nil
 }
 
 // Detach implements driver.Detacher: it closes the agent socket's
