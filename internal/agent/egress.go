@@ -22,6 +22,23 @@ const (
 // in NODE_OPTIONS (internal/sandbox/network.go) for sandboxes with egress.
 const NodePreload = "/usr/local/lib/space/node-egress.cjs"
 
+// dropNodePreload removes the host's NODE_OPTIONS (which only names the
+// preload) from env when the preload file is not there: Node refuses to
+// start at all when a --require'd module is missing. A NODE_OPTIONS the
+// caller chose is left alone. It reports whether it removed it.
+func dropNodePreload(env map[string]string, exists func(string) bool) bool {
+	if env["NODE_OPTIONS"] != "--require "+NodePreload || exists(NodePreload) {
+		return false
+	}
+	delete(env, "NODE_OPTIONS")
+	return true
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
 // startEgress opens the in-sandbox proxy endpoint (idempotent: after a
 // restore the listener is already there with the rest of the agent's
 // memory), installs the sandbox's egress CA certificate and writes the

@@ -153,6 +153,9 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if dropNodePreload(req.Env, fileExists) {
+		a.log.Warn("node egress preload missing; NODE_OPTIONS not set", "path", NodePreload)
+	}
 	a.mu.Lock()
 	a.sandboxID, a.initEnv = req.SandboxID, req.Env
 	a.mu.Unlock()
