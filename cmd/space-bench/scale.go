@@ -271,10 +271,19 @@ func (b *bench) createTimeout(timeoutS int) (string, error) {
 
 // concurrentCreates fires n creates at once and returns their latencies.
 func (b *bench) concurrentCreates(n int) ([]time.Duration, []string, error) {
+	ds, _, ids, err := b.concurrentCreatesExec(n, false)
+	return ds, ids, err
+}
+
+// concurrentCreatesExec fires n creates at once; with thenExec each client
+// then runs `true` in its sandbox, and the second list has the time from
+// the create's start to that exec's answer (a warm create answers before
+// the sandbox has its identity; the first exec waits for it).
+func (b *bench) concurrentCreatesExec(n int, thenExec bool) (create, toExec []time.Duration, ids []string, err error) {
 	type res struct {
-		d   time.Duration
-		id  string
-		err error
+		d, e time.Duration
+		id   string
+		err  error
 	}
 	out := make(chan res, n)
 	start := make(chan struct{})
@@ -283,23 +292,35 @@ func (b *bench) concurrentCreates(n int) ([]time.Duration, []string, error) {
 			<-start
 			t0 := time.Now()
 			id, err := b.create()
-			out <- res{time.Since(t0), id, err}
+			r := res{d: time.Since(t0), id: id, err: err}
+			if err == nil && thenExec {
+				var x struct {
+					ExitCode int `json:"exit_code"`
+				}
+				if code := b.do("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": []string{"true"}}, &x); code != 200 || x.ExitCode != 0 {
+					r.err = fmt.Errorf("first exec: HTTP %d, exit %d", code, x.ExitCode)
+				}
+				r.e = time.Since(t0)
+			}
+			out <- r
 		}()
 	}
 	close(start)
-	var ds []time.Duration
-	var ids []string
-	var firstErr error
 	for i := 0; i < n; i++ {
 		x := <-out
+		if x.id != "" {
+			ids = append(ids, x.id)
+		}
 		if x.err != nil {
-			firstErr = x.err
+			err = x.err
 			continue
 		}
-		ds = append(ds, x.d)
-		ids = append(ids, x.id)
+		create = append(create, x.d)
+		if thenExec {
+			toExec = append(toExec, x.e)
+		}
 	}
-	return ds, ids, firstErr
+	return create, toExec, ids, err
 }
 
 // pooled reads the number of warm sandboxes from /metrics.
