@@ -264,8 +264,25 @@ func (s *Service) markStopped(ctx context.Context, sb store.Sandbox, reason stri
 // stopping it: sandboxes keep running and the next server process
 // re-attaches them.
 func (s *Service) Shutdown() {
+	s.closing.Store(true)
 	s.StopPools()
 	s.procs.close()
+	// Identities still on their way (warm claims answered a moment ago)
+	// get a few seconds to arrive; one that does not is delivered by the
+	// next server process (confirmIdentity), never a reason to destroy.
+	s.mu.Lock()
+	pending := make([]*live, 0)
+	for _, l := range s.live {
+		if l.ready != nil {
+			pending = append(pending, l)
+		}
+	}
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	for _, l := range pending {
+		_ = l.wait(ctx)
+	}
+	cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, l := range s.live {

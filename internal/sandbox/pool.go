@@ -337,6 +337,12 @@ func (s *Service) deliverIdentity(id string, l *live, init agentproto.InitReques
 	}
 	close(l.ready)
 	l.opMu.Unlock()
+	if err != nil && s.closing.Load() {
+		// The server is stopping (it closed the agent channel): the next
+		// server process delivers the identity (confirmIdentity).
+		s.log.Warn("claimed sandbox's identity not delivered before shutdown", "sandbox", id, "err", err)
+		return
+	}
 	if err != nil {
 		s.log.Error("claimed sandbox did not take its identity; destroying it", "sandbox", id, "err", err)
 		_ = s.destroy(context.Background(), id, l, "error: identity not delivered")

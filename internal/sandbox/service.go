@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spacesandbox/space/internal/agentclient"
@@ -71,6 +72,8 @@ type Service struct {
 
 	mu   sync.Mutex
 	live map[string]*live // by sandbox id
+	// closing is set by Shutdown.
+	closing atomic.Bool
 
 	// onPause, when set, runs before a sandbox is frozen (the rolling
 	// history takes its checkpoint there).
