@@ -187,6 +187,7 @@ func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string) (_ 
 		return nil, err
 	}
 	inst.flags = d.createFlags(spec)
+	inst.low = spec.LowPriority
 	if image == "" {
 		// Nothing runs until Start: `runsc run --detach` there. (Not
 		// create+start: a sandbox made by `runsc create` with
@@ -383,6 +384,7 @@ type Instance struct {
 	flags     []string              // runsc global flags of this sandbox (same for run and restore)
 	created   bool
 	started   bool
+	low       bool // booted for the warm pool (driver.Spec.LowPriority)
 	pid       int
 	destroyed bool
 }
@@ -486,7 +488,19 @@ func (i *Instance) runsc(ctx context.Context, verb string, args ...string) error
 	full := append(append([]string{"--root", i.d.cfg.Root}, i.flags...), verb)
 	cmd := exec.CommandContext(ctx, i.d.cfg.Runsc, append(full, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Run(); err != nil {
+	err = cmd.Start()
+	if err == nil && i.low {
+		// A pooled sandbox's boot work done outside its cgroup (runsc
+		// itself, until it moves the sandbox and gofer in) runs at the
+		// lowest priority too: at nice 0 in the host's cgroup it would
+		// outweigh every sandbox in use. Children forked from now on
+		// inherit it; inside the sandbox's own cgroup it changes nothing.
+		_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, 19)
+	}
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
 		// A half-made container must not linger.
 		i.mu.Lock()
 		i.created = true
