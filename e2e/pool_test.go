@@ -44,6 +44,16 @@ func pooledCount(t *testing.T, s *server) int {
 func TestWarmPool(t *testing.T) {
 	s := startServer(t, "", "--pool-size", "2", "--snapshot-interval", "-1")
 	waitFor(t, "the pool to fill", 60*time.Second, func() bool { return pooledCount(t, s) >= 2 })
+	// Operators see how many are booted and ready, not only recorded.
+	waitFor(t, "space_pool_ready to report the pool", 60*time.Second, func() bool {
+		resp, err := http.Get(s.url + "/metrics")
+		if err != nil {
+			return false
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return regexp.MustCompile(`space_pool_ready\{template="base"\} [12]`).Match(b)
+	})
 	// Warm sandboxes wait at the lowest CPU share, so refills never slow
 	// the sandboxes in use; a claim restores the normal share.
 	pooledIDs, _ := filepath.Glob(filepath.Join(s.data, "sandboxes", "sb-*"))

@@ -331,13 +331,18 @@ func (b *bench) pooled() int {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
+	// Warm sandboxes booted and ready (space_sandboxes{state="pooled"}
+	// also counts those still booting, whose creates would go cold).
+	n := 0
 	for _, l := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(l, `space_sandboxes{state="pooled"} `); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
+		if rest, ok := strings.CutPrefix(l, "space_pool_ready{"); ok {
+			if _, v, ok := strings.Cut(rest, "} "); ok {
+				k, _ := strconv.Atoi(strings.TrimSpace(v))
+				n += k
+			}
 		}
 	}
-	return 0
+	return n
 }
 
 // memAvailable is the host's MemAvailable in bytes.

@@ -49,6 +49,26 @@ func NewMetrics(reg prometheus.Registerer, counts func(context.Context) (map[str
 	return m
 }
 
+// RegisterPoolReady exports space_pool_ready{template}: warm sandboxes
+// booted and waiting to be claimed (space_sandboxes{state="pooled"} also
+// counts those still booting).
+func RegisterPoolReady(reg prometheus.Registerer, ready func() map[string]int) {
+	reg.MustRegister(&poolReadyCollector{ready: ready, desc: prometheus.NewDesc("space_pool_ready", "Warm sandboxes ready to be claimed, by template.", []string{"template"}, nil)})
+}
+
+type poolReadyCollector struct {
+	ready func() map[string]int
+	desc  *prometheus.Desc
+}
+
+func (c *poolReadyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *poolReadyCollector) Collect(ch chan<- prometheus.Metric) {
+	for tpl, n := range c.ready() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), tpl)
+	}
+}
+
 type stateCollector struct {
 	counts func(context.Context) (map[string]int, error)
 	desc   *prometheus.Desc

@@ -137,6 +137,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return tpl.Path, tpl.Kind, nil
 		},
 	}, st, drivers, log, metrics)
+	sandbox.RegisterPoolReady(reg, svc.PoolReady)
 	snaps, err := snapshot.New(filepath.Join(cfg.DataDir, "snapshots"))
 	if err != nil {
 		return fmt.Errorf("snapshot store: %w", err)
