@@ -271,6 +271,32 @@ func testExecLargeAndBinaryOutput(t *testing.T, drv string) {
 	if !sawB64 {
 		t.Errorf("SSE binary chunk not sent as data_b64")
 	}
+	// Valid UTF-8 that is mostly control bytes (zeros) goes as base64
+	// too, not as six-byte JSON escapes; text with newlines stays text.
+	resp = s.stream("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": "head -c 4096 /dev/zero; printf 'a\\nb\\n' >&2"}, nil)
+	var zeros []byte
+	var text string
+	readSSE(t, resp.Body, func(e sseEvent) bool {
+		var d struct {
+			Data    string `json:"data"`
+			DataB64 string `json:"data_b64"`
+		}
+		json.Unmarshal([]byte(e.Data), &d)
+		switch e.Event {
+		case "stdout":
+			if d.Data != "" {
+				t.Errorf("zeros sent as text: %d bytes", len(d.Data))
+			}
+			b, _ := base64.StdEncoding.DecodeString(d.DataB64)
+			zeros = append(zeros, b...)
+		case "stderr":
+			text += d.Data
+		}
+		return true
+	})
+	if !bytes.Equal(zeros, make([]byte, 4096)) || text != "a\nb\n" {
+		t.Errorf("zeros: %d bytes intact=%v; text %q", len(zeros), bytes.Equal(zeros, make([]byte, 4096)), text)
+	}
 }
 
 func TestBackgroundReattachStdinSignal(t *testing.T) {

@@ -137,12 +137,13 @@ func (b *bench) sseBytes(id, cmd string) (int, error) {
 			event = string(line[7:])
 		case bytes.HasPrefix(line, []byte("data: ")) && event == "stdout":
 			var d struct {
-				Data string `json:"data"`
+				Data    string `json:"data"`
+				DataB64 []byte `json:"data_b64"` // decoded by encoding/json
 			}
 			if err := json.Unmarshal(line[6:], &d); err != nil {
 				return n, err
 			}
-			n += len(d.Data)
+			n += len(d.Data) + len(d.DataB64)
 		case bytes.HasPrefix(line, []byte("data: ")) && event == "exit":
 			return n, nil
 		}

@@ -234,6 +234,23 @@ func (a *API) writeSSE(w http.ResponseWriter, r *http.Request, ev sandbox.EventS
 	}
 }
 
+// sseText reports whether an output chunk goes out as JSON text: valid
+// UTF-8 and at most a quarter control bytes (JSON escapes each as six
+// bytes: 256 MiB of zeros would be 1.5 GB of text; base64 is 1.33×). Tab,
+// CR, LF and ESC (terminal colours) do not count.
+func sseText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	ctl := 0
+	for _, c := range b {
+		if c < 0x20 && c != '\n' && c != '\r' && c != '\t' && c != 0x1b {
+			ctl++
+		}
+	}
+	return ctl*4 <= len(b)
+}
+
 // encodeEvent appends one agent event in the API's SSE shape.
 func encodeEvent(buf *bytes.Buffer, e agentproto.Event) {
 	id := strconv.FormatUint(e.Seq, 10)
@@ -241,7 +258,7 @@ func encodeEvent(buf *bytes.Buffer, e agentproto.Event) {
 	case agentproto.EventStart:
 		writeSSE(buf, id, "start", map[string]int{"pid": e.PID})
 	case agentproto.EventStdout, agentproto.EventStderr:
-		if utf8.Valid(e.Data) {
+		if sseText(e.Data) {
 			writeSSE(buf, id, e.Type, map[string]string{"data": string(e.Data)})
 		} else {
 			writeSSE(buf, id, e.Type, map[string]string{"data_b64": base64.StdEncoding.EncodeToString(e.Data)})
