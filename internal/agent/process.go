@@ -273,7 +273,10 @@ func growPipe(f *os.File) {
 // is immediately readable and gives up at the first empty read, so an
 // orphan holding the pipe cannot delay the exit event forever.
 func pump(r *os.File, kind string, log *eventLog) {
-	size := readChunkMin
+	// A chunk is at most a quarter of what the log retains, so the newest
+	// output (a final line) never sits in one event too big to keep.
+	maxSize := min(readChunkMax, max(4<<10, log.limit/4))
+	size := min(readChunkMin, maxSize)
 	buf := make([]byte, size)
 	draining := false
 	var raw syscall.RawConn
@@ -304,8 +307,8 @@ func pump(r *os.File, kind string, log *eventLog) {
 				// The event keeps the buffer; the next read gets a new
 				// one, twice as large when this read filled it.
 				data = buf[:n]
-				if n == size && size < readChunkMax {
-					size *= 2
+				if n == size && size < maxSize {
+					size = min(2*size, maxSize)
 				}
 				buf = make([]byte, size)
 			}

@@ -1,0 +1,52 @@
+package agent
+
+import (
+	"bytes"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Output chunks stay within a quarter of what the event log keeps, so the
+// newest output (here the final "END") is never dropped with an event too
+// big to retain; with room, reads grow past the 64 KiB they start at.
+func TestPumpChunksFitTheLog(t *testing.T) {
+	for _, limit := range []int{256 << 10, 8 << 20} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		growPipe(r)
+		payload := append(bytes.Repeat([]byte{'x'}, 900<<10), "END\n"...)
+		if rc, err := w.SyscallConn(); err == nil {
+			var sz int
+			rc.Control(func(fd uintptr) { sz, _ = unix.FcntlInt(fd, unix.F_GETPIPE_SZ, 0) })
+			if sz < len(payload) {
+				t.Skipf("pipe holds %d bytes here", sz)
+			}
+		}
+		if _, err := w.Write(payload); err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+		log := newEventLog(limit)
+		pump(r, "stdout", log)
+		r.Close()
+		var kept []byte
+		largest := 0
+		for _, ev := range log.events {
+			largest = max(largest, len(ev.Data))
+			kept = append(kept, ev.Data...)
+		}
+		if largest > limit/4 {
+			t.Errorf("limit %d: an event of %d bytes (more than a quarter of the log)", limit, largest)
+		}
+		if !bytes.HasSuffix(kept, []byte("END\n")) {
+			t.Errorf("limit %d: the final output was not kept", limit)
+		}
+		if limit == 8<<20 && largest <= readChunkMin {
+			t.Errorf("limit %d: reads never grew past %d bytes", limit, largest)
+		}
+	}
+}
