@@ -44,9 +44,12 @@
 //     SNI refused; refused with a TLS access_denied alert); HTTP must carry a
 //     Host header equal to the CONNECT host and may not CONNECT again
 //     (nested CONNECT). Ports 80 and 443 accept only TLS or HTTP. Other
-//     explicitly allowed ports that do not look like TLS or HTTP (ssh,
-//     server-speaks-first protocols after Config.SniffTimeout) are relayed
-//     as raw TCP to the vetted address.
+//     explicitly allowed ports that do not look like TLS or HTTP (ssh) are
+//     relayed as raw TCP to the vetted address, and so are tunnels whose
+//     upstream speaks first (smtp; after Config.SniffTimeout the client and
+//     the upstream race for the first byte). A slow client is never
+//     relayed raw for being slow: its TLS is still checked and, when the
+//     sandbox holds secrets, intercepted.
 //  6. Plain HTTP requests must carry a Host header equal to the URI's host.
 //     Every request on a keep-alive connection is decided again, so a policy
 //     change applies to the next request.

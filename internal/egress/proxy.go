@@ -68,8 +68,9 @@ type Config struct {
 	// (default 2m).
 	IdleTimeout time.Duration
 	// SniffTimeout is how long a tunnel to a port other than 80 and 443
-	// waits for the client's first byte before relaying raw TCP, for
-	// server-speaks-first protocols (default 1s).
+	// waits for the client's first byte alone; after it the upstream may
+	// speak first (server-speaks-first protocols), which makes the tunnel
+	// raw TCP (default 1s).
 	SniffTimeout time.Duration
 	// DialTimeout bounds each upstream dial (default 10s).
 	DialTimeout time.Duration
@@ -640,7 +641,8 @@ func (s *session) connect(ctx context.Context, req *http.Request) {
 	if _, err := io.WriteString(s.c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
-	switch s.sniff(port) {
+	kind, upr := s.sniff(port, up)
+	switch kind {
 	case kindTLS:
 		hello, err := peekClientHello(s.br)
 		if err != nil {
@@ -665,18 +667,18 @@ func (s *session) connect(ctx context.Context, req *http.Request) {
 			return
 		}
 		if s.intercepts(rec.Host, port) {
-			s.intercept(ctx, rec, up)
+			s.intercept(ctx, rec, up, upr)
 			return
 		}
-		pipe(s.c, s.br, up, up)
+		pipe(s.c, s.br, up, upr)
 	case kindHTTP:
-		s.relay(rec, s.c, s.br, up, bufio.NewReader(up), up, false)
+		s.relay(rec, s.c, s.br, up, upr, up, false)
 	case kindRaw:
 		if port == 80 || port == 443 {
 			rec.Decision, rec.Reason, rec.Rule = DecisionDeny, ReasonProtocol, "only TLS or HTTP on ports 80 and 443"
 			return
 		}
-		pipe(s.c, s.br, up, up)
+		pipe(s.c, s.br, up, upr)
 	}
 }
 

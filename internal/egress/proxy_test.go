@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -518,5 +519,83 @@ func TestStreamedResponseNotHeldBack(t *testing.T) {
 	buf := make([]byte, 6)
 	if _, err := io.ReadFull(resp.Body, buf); err != nil || string(buf) != "first\n" {
 		t.Fatalf("first chunk: %q %v", buf, err)
+	}
+}
+
+func TestSlowTLSClientStillIntercepted(t *testing.T) {
+	// A client that takes longer than SniffTimeout to send its ClientHello
+	// (Python loading a CA bundle on a loaded host) must still have its TLS
+	// intercepted when the sandbox holds secrets: being slow never turns a
+	// tunnel into a raw relay that bypasses the placeholder checks.
+	e := newEnv(t)
+	target := fmt.Sprintf("secret.test:%d", e.tlsPort)
+	e.allow(t, target, "")
+	const value = "slow-client-value-42"
+	ph := NewPlaceholder()
+	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte(value), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization"}}}); err != nil {
+		t.Fatal(err)
+	}
+	c, st := e.rawConnect(t, target)
+	if c == nil {
+		t.Fatalf("CONNECT: %s", st)
+	}
+	time.Sleep(3 * e.p.cfg.SniffTimeout)
+	tc := tls.Client(c, &tls.Config{ServerName: "secret.test", RootCAs: e.pool})
+	tc.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		t.Fatalf("handshake: %v", err)
+	}
+	if issuer := tc.ConnectionState().PeerCertificates[0].Issuer.CommonName; issuer != "space egress CA "+testSandbox {
+		t.Fatalf("slow client's tunnel not intercepted: leaf issued by %q", issuer)
+	}
+	fmt.Fprintf(tc, "GET /slow HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nConnection: close\r\n\r\n", target, ph)
+	b, _ := io.ReadAll(tc)
+	if !strings.Contains(string(b), "auth="+value+" ") {
+		t.Errorf("secret not injected through a slow client's tunnel: %q", b)
+	}
+}
+
+func TestServerSpeaksFirstRelayedRaw(t *testing.T) {
+	// An upstream that speaks first (an ssh or smtp banner) gets a raw
+	// tunnel, with or without secrets bound: the client may wait for it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.WriteString(c, "SSH-2.0-banner\r\n")
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	for _, secrets := range []bool{false, true} {
+		e := newEnv(t)
+		target := fmt.Sprintf("allowed.test:%d", port)
+		e.allow(t, target, "")
+		if secrets {
+			e.p.BindSecrets(testSandbox, map[string]Secret{NewPlaceholder(): {Name: "T", Value: []byte("v"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "X-T"}}})
+		}
+		c, st := e.rawConnect(t, target)
+		if c == nil {
+			t.Fatalf("CONNECT: %s", st)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		if l, err := br.ReadString('\n'); err != nil || l != "SSH-2.0-banner\r\n" {
+			t.Fatalf("secrets=%v: banner %q %v", secrets, l, err)
+		}
+		io.WriteString(c, "SSH-2.0-client\r\n")
+		if l, err := br.ReadString('\n'); err != nil || l != "SSH-2.0-client\r\n" {
+			t.Fatalf("secrets=%v: echo %q %v", secrets, l, err)
+		}
 	}
 }

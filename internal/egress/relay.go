@@ -156,23 +156,65 @@ const (
 // sniff classifies a tunnel by its first bytes. Anything that could be an
 // HTTP request line (letters then a space, or leading whitespace) is
 // treated as HTTP, so a nested CONNECT cannot hide as "raw".
-func (s *session) sniff(port int) int {
-	web := port == 80 || port == 443
-	wait := s.p.cfg.SniffTimeout
-	if web {
-		wait = s.p.cfg.IdleTimeout
-	}
-	_ = s.c.SetReadDeadline(time.Now().Add(wait))
-	defer s.c.SetReadDeadline(time.Time{})
-	b, err := s.br.Peek(1)
-	if err != nil {
-		var ne net.Error
-		if !web && errors.As(err, &ne) && ne.Timeout() {
-			return kindRaw
+//
+// Ports 80 and 443 wait for the client (IdleTimeout). Other ports decide
+// by who speaks first: the client is given SniffTimeout alone, then the
+// client and the upstream race and an upstream that speaks first
+// (ssh, smtp: server-speaks-first) makes the tunnel raw. A slow client's
+// TLS is never relayed raw for being slow: a sandbox holding secrets has
+// every TLS tunnel intercepted, however long its ClientHello takes.
+//
+// The returned reader is the upstream's, holding whatever it sent while
+// the race was on; every later read of the upstream goes through it.
+func (s *session) sniff(port int, up net.Conn) (int, *bufio.Reader) {
+	upr := bufio.NewReaderSize(up, 32<<10)
+	if port == 80 || port == 443 {
+		_ = s.c.SetReadDeadline(time.Now().Add(s.p.cfg.IdleTimeout))
+		defer s.c.SetReadDeadline(time.Time{})
+		if _, err := s.br.Peek(1); err != nil {
+			return kindEnd, upr
 		}
-		return kindEnd
+		return s.classify(), upr
 	}
+	_ = s.c.SetReadDeadline(time.Now().Add(s.p.cfg.SniffTimeout))
+	_, err := s.br.Peek(1)
+	_ = s.c.SetReadDeadline(time.Time{})
+	if err == nil {
+		return s.classify(), upr
+	}
+	if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+		return kindEnd, upr
+	}
+	// The race. The upstream's first byte interrupts the client's wait.
 	_ = s.c.SetReadDeadline(time.Now().Add(s.p.cfg.IdleTimeout))
+	var upFirst atomic.Bool
+	upDone := make(chan struct{})
+	go func() {
+		defer close(upDone)
+		if _, err := upr.Peek(1); err == nil {
+			upFirst.Store(true)
+			_ = s.c.SetReadDeadline(time.Unix(1, 0))
+		}
+	}()
+	_, err = s.br.Peek(1)
+	_ = up.SetReadDeadline(time.Unix(1, 0)) // end the upstream's wait, if still on
+	<-upDone
+	_ = up.SetReadDeadline(time.Time{})
+	_ = s.c.SetReadDeadline(time.Time{})
+	switch {
+	case err == nil:
+		return s.classify(), upr
+	case upFirst.Load():
+		return kindRaw, upr
+	}
+	return kindEnd, upr
+}
+
+// classify looks at the client's first bytes (at least one is buffered).
+func (s *session) classify() int {
+	b, _ := s.br.Peek(1)
+	_ = s.c.SetReadDeadline(time.Now().Add(s.p.cfg.IdleTimeout))
+	defer s.c.SetReadDeadline(time.Time{})
 	isLetter := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
 	switch c := b[0]; {
 	case c == 0x16:
@@ -242,7 +284,7 @@ func (c *readOnlyConn) SetWriteDeadline(t time.Time) error { return nil }
 
 // intercept terminates the sandbox's TLS with its CA, opens verified TLS to
 // the vetted upstream, and relays HTTP/1.1 with secrets injected.
-func (s *session) intercept(ctx context.Context, rec *Record, up *countConn) {
+func (s *session) intercept(ctx context.Context, rec *Record, up *countConn, upr *bufio.Reader) {
 	ca, err := s.p.cfg.CAs.Get(s.sb)
 	if err != nil {
 		s.log.Error("egress CA", "err", err)
@@ -264,7 +306,7 @@ func (s *session) intercept(ctx context.Context, rec *Record, up *countConn) {
 		s.log.Debug("egress client TLS handshake", "host", host, "err", err)
 		return
 	}
-	uc := tls.Client(up, &tls.Config{
+	uc := tls.Client(&bufConn{Conn: up, r: upr}, &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		ServerName: host,
 		RootCAs:    s.p.cfg.RootCAs,
