@@ -189,7 +189,7 @@ func (a *API) writeSSE(w http.ResponseWriter, r *http.Request, ev sandbox.EventS
 	}()
 	keepalive := time.NewTicker(15 * time.Second)
 	defer keepalive.Stop()
-	var buf bytes.Buffer
+	var out []byte
 	for {
 		select {
 		case <-r.Context().Done():
@@ -201,22 +201,23 @@ func (a *API) writeSSE(w http.ResponseWriter, r *http.Request, ev sandbox.EventS
 			// Coalesce whatever is already queued into one write and one
 			// flush: fast producers cost one syscall per batch, not per
 			// event.
-			buf.Reset()
+			out = out[:0]
 			for {
 				if !ok || errors.Is(it.err, io.EOF) {
-					w.Write(buf.Bytes())
+					w.Write(out)
 					_ = rc.Flush()
 					return
 				}
 				if it.err != nil {
 					b, _ := errorBody(it.err)
-					writeSSE(&buf, "", "error", b)
-					w.Write(buf.Bytes())
+					var eb bytes.Buffer
+					writeSSE(&eb, "", "error", b)
+					w.Write(append(out, eb.Bytes()...))
 					_ = rc.Flush()
 					return
 				}
-				encodeEvent(&buf, it.e)
-				if buf.Len() >= 256<<10 {
+				out = appendEvent(out, it.e)
+				if len(out) >= 256<<10 {
 					break
 				}
 				select {
@@ -226,56 +227,41 @@ func (a *API) writeSSE(w http.ResponseWriter, r *http.Request, ev sandbox.EventS
 				}
 				break
 			}
-			if _, err := w.Write(buf.Bytes()); err != nil {
+			if _, err := w.Write(out); err != nil {
 				return
 			}
 			_ = rc.Flush()
+			if cap(out) > 4<<20 {
+				out = nil // one huge chunk does not pin its buffer for the stream's life
+			}
 		}
 	}
 }
 
-// sseText reports whether an output chunk goes out as JSON text: valid
-// UTF-8 and at most a quarter control bytes (JSON escapes each as six
-// bytes: 256 MiB of zeros would be 1.5 GB of text; base64 is 1.33×). Tab,
-// CR, LF and ESC (terminal colours) do not count.
-func sseText(b []byte) bool {
-	if !utf8.Valid(b) {
-		return false
+// appendEvent appends one agent event in the API's SSE shape.
+func appendEvent(dst []byte, e agentproto.Event) []byte {
+	if e.Type == agentproto.EventStdout || e.Type == agentproto.EventStderr {
+		return appendOutputEvent(dst, e)
 	}
-	ctl := 0
-	for _, c := range b {
-		if c < 0x20 && c != '\n' && c != '\r' && c != '\t' && c != 0x1b {
-			ctl++
-		}
-	}
-	return ctl*4 <= len(b)
-}
-
-// encodeEvent appends one agent event in the API's SSE shape.
-func encodeEvent(buf *bytes.Buffer, e agentproto.Event) {
+	var buf bytes.Buffer
 	id := strconv.FormatUint(e.Seq, 10)
 	switch e.Type {
 	case agentproto.EventStart:
-		writeSSE(buf, id, "start", map[string]int{"pid": e.PID})
-	case agentproto.EventStdout, agentproto.EventStderr:
-		if sseText(e.Data) {
-			writeSSE(buf, id, e.Type, map[string]string{"data": string(e.Data)})
-		} else {
-			writeSSE(buf, id, e.Type, map[string]string{"data_b64": base64.StdEncoding.EncodeToString(e.Data)})
-		}
+		writeSSE(&buf, id, "start", map[string]int{"pid": e.PID})
 	case agentproto.EventExit:
 		code := -1
 		if e.ExitCode != nil {
 			code = *e.ExitCode
 		}
-		writeSSE(buf, id, "exit", struct {
+		writeSSE(&buf, id, "exit", struct {
 			ExitCode int    `json:"exit_code"`
 			Signal   string `json:"signal,omitempty"`
 			Error    string `json:"error,omitempty"`
 		}{code, e.Signal, e.Error})
 	case agentproto.EventTruncated:
-		writeSSE(buf, id, "truncated", map[string]uint64{"first_seq": e.Seq})
+		writeSSE(&buf, id, "truncated", map[string]uint64{"first_seq": e.Seq})
 	}
+	return append(dst, buf.Bytes()...)
 }
 
 func writeSSE(buf *bytes.Buffer, id, event string, v any) {
