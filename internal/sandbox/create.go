@@ -133,6 +133,11 @@ func containsNUL(s string) bool {
 // rolled back (instance destroyed, record deleted) and the error returned.
 func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (store.Sandbox, error) {
 	start := s.now()
+	s.creating.Add(1)
+	defer func() {
+		s.lastCreate.Store(time.Now().UnixNano())
+		s.creating.Add(-1)
+	}()
 	if req.Snapshot != "" {
 		if req.Template != "" {
 			return store.Sandbox{}, errdefs.InvalidArgument("template: give a template or a snapshot, not both")

@@ -53,7 +53,7 @@ func (s *Service) Fork(ctx context.Context, c Caller, id string, count int, sid 
 			return nil, err
 		}
 		defer os.RemoveAll(image)
-		l.opMu.Lock()
+		l.lockOp()
 		err = cp.Checkpoint(ctx, image, true)
 		l.opMu.Unlock()
 		if err != nil {

@@ -139,3 +139,64 @@ func runEnv(t *testing.T, c *agentclient.Client, name string) string {
 	}
 	return string(out)
 }
+
+// A claim's identity waits while creates are in flight (the burst is
+// answered first), goes at once when a request needs the sandbox, goes by
+// itself when the burst ends, and never waits longer than its bound.
+func TestIdentityYieldsToTheBurst(t *testing.T) {
+	c := hostAgent(t)
+	svc := New(Config{DataDir: t.TempDir()}, nil, nil, slog.New(slog.DiscardHandler), nil)
+	defer func(d time.Duration) { identityMaxDefer = d }(identityMaxDefer)
+	identityMaxDefer = time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	claim := func(id string) *live {
+		l := &live{agent: c, ready: make(chan struct{}), urgent: make(chan struct{})}
+		l.opMu.Lock()
+		go svc.deliverIdentity(id, l, agentproto.InitRequest{SandboxID: id, Env: map[string]string{}})
+		return l
+	}
+	delivered := func(l *live, within time.Duration) bool {
+		select {
+		case <-l.ready:
+			return true
+		case <-time.After(within):
+			return false
+		}
+	}
+
+	svc.creating.Store(1) // a create of the burst is still being answered
+	l := claim("sb-burst-1")
+	if delivered(l, 200*time.Millisecond) {
+		t.Fatal("identity delivered while a create was in flight")
+	}
+	if err := l.wait(ctx); err != nil { // an exec arrives: hurry
+		t.Fatal(err)
+	}
+	if info, err := c.Info(ctx); err != nil || info.SandboxID != "sb-burst-1" {
+		t.Fatalf("after hurry: %+v %v", info, err)
+	}
+
+	l = claim("sb-burst-2")
+	if delivered(l, 100*time.Millisecond) {
+		t.Fatal("identity delivered while a create was in flight")
+	}
+	svc.lastCreate.Store(time.Now().UnixNano())
+	svc.creating.Store(0) // the burst ends
+	if !delivered(l, 20*time.Second) {
+		t.Fatal("identity not delivered after the burst ended")
+	}
+	if info, err := c.Info(ctx); err != nil || info.SandboxID != "sb-burst-2" {
+		t.Fatalf("after the burst: %+v %v", info, err)
+	}
+
+	identityMaxDefer = 50 * time.Millisecond
+	svc.creating.Store(1) // creates never stop: the bound applies
+	l = claim("sb-burst-3")
+	if !delivered(l, 20*time.Second) {
+		t.Fatal("identity waited past its bound")
+	}
+	if !l.opMu.TryLock() {
+		t.Fatal("opMu still held after delivery")
+	}
+}

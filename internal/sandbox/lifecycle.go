@@ -84,7 +84,7 @@ func (s *Service) Kill(ctx context.Context, c Caller, id string) error {
 func (s *Service) destroy(ctx context.Context, id string, l *live, reason string) error {
 	ctx = context.WithoutCancel(ctx)
 	if l != nil {
-		l.opMu.Lock()
+		l.lockOp()
 		defer l.opMu.Unlock()
 	}
 	err := s.store.UpdateSandboxState(ctx, id, []string{StateCreating, StateRunning, StatePaused, StateError, StateStopping}, StateStopping, reason)

@@ -21,7 +21,7 @@ func (s *Service) Pause(ctx context.Context, c Caller, id string) (store.Sandbox
 	if !s.drivers[sb.Driver].Capabilities().Has(driver.CapPause) {
 		return sb, errdefs.NotSupported("driver %s cannot pause", sb.Driver)
 	}
-	l.opMu.Lock()
+	l.lockOp()
 	defer l.opMu.Unlock()
 	ctx = context.WithoutCancel(ctx)
 	if err := s.store.UpdateSandboxState(ctx, id, []string{StateRunning}, StatePaused, ""); err != nil {
@@ -44,7 +44,7 @@ func (s *Service) Resume(ctx context.Context, c Caller, id string) (store.Sandbo
 	if err != nil {
 		return sb, err
 	}
-	l.opMu.Lock()
+	l.lockOp()
 	defer l.opMu.Unlock()
 	ctx = context.WithoutCancel(ctx)
 	if err := l.inst.Resume(ctx); err != nil {

@@ -195,6 +195,9 @@ func (p *pool) fill(ctx context.Context) {
 			// pool that stopped meanwhile discards the result.
 			// Pool boots run at the lowest CPU share, so on a saturated
 			// host they can take minutes: the deadline is generous.
+			// Booting is the heaviest work there is: not while a burst of
+			// creates is being answered.
+			p.s.afterBurst(ctx.Done(), refillMaxDefer)
 			bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Minute)
 			w, err := p.refill(bctx)
 			bcancel()
@@ -310,7 +313,7 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 		}
 		init := claimInit(w)
 		init.SandboxID, init.Env = sb.ID, maps.Clone(sb.Env)
-		l.ready = make(chan struct{})
+		l.ready, l.urgent = make(chan struct{}), make(chan struct{})
 		l.opMu.Lock()
 		go s.deliverIdentity(sb.ID, l, init)
 	}
@@ -325,7 +328,13 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 // deliverIdentity sends init to a claimed sandbox's agent, then lets
 // requests through (l.ready) and lifecycle operations (l.opMu, which the
 // caller locked). A sandbox whose agent does not take it is destroyed.
+//
+// It starts once the create burst it belongs to is over (waking a sandbox
+// costs it tens of ms of CPU; twenty at once kept the server from
+// answering the rest of the burst) or at once when something needs the
+// sandbox (hurry): a create followed by an exec waits no longer.
 func (s *Service) deliverIdentity(id string, l *live, init agentproto.InitRequest) {
+	s.afterBurst(l.urgent, identityMaxDefer)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	err := prioritize(ctx, l.inst)
 	if err == nil {
@@ -390,6 +399,42 @@ func claimInit(w *warm) agentproto.InitRequest {
 		req.Time = time.Now().UTC()
 	}
 	return req
+}
+
+// How background work caused by creates yields to a burst of them: it
+// waits until no create has been in flight for burstGap, at most the
+// given bound (so a steady stream of creates cannot starve it).
+const (
+	burstGap  = 10 * time.Millisecond
+	burstPoll = 2 * time.Millisecond
+)
+
+var (
+	identityMaxDefer = 250 * time.Millisecond // a var for tests
+	refillMaxDefer   = time.Second
+)
+
+// afterBurst returns once no create is in flight and none ended in the
+// last burstGap, after at most limit, or when wake is closed.
+func (s *Service) afterBurst(wake <-chan struct{}, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for {
+		now := time.Now()
+		wait := burstGap - now.Sub(time.Unix(0, s.lastCreate.Load()))
+		if s.creating.Load() > 0 {
+			wait = max(wait, burstPoll)
+		}
+		if wait <= 0 || !now.Before(deadline) {
+			return
+		}
+		t := time.NewTimer(min(wait, deadline.Sub(now)))
+		select {
+		case <-wake:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // StopPools stops refilling and destroys every warm sandbox.

@@ -54,7 +54,7 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 		return res, errdefs.InvalidArgument("snapshot %s is of template %s, sandbox %s runs %s", sid, sn.Template, id, sb.Template)
 	}
 	ctx = context.WithoutCancel(ctx)
-	l.opMu.Lock()
+	l.lockOp()
 	defer l.opMu.Unlock()
 	target, err := s.view(ctx, sn)
 	if err != nil {

@@ -88,6 +88,12 @@ type Service struct {
 	tplMu  sync.Mutex   // one template indexing at a time
 
 	procs *procLog // process history, written off the exec path
+
+	// creating counts creates in flight and lastCreate is when the last
+	// one ended (unix ns): background work a create causes (a claim's
+	// identity delivery, a pool refill) waits for the burst to end.
+	creating   atomic.Int64
+	lastCreate atomic.Int64
 }
 
 func isConflict(err error) bool { return errors.Is(err, errdefs.ErrConflict) }
@@ -106,6 +112,25 @@ type live struct {
 	// initErr then says whether that failed.
 	ready   chan struct{}
 	initErr error
+	// urgent, when not nil, is closed (hurry) by the first request or
+	// operation that needs the identity: its delivery stops waiting for
+	// the create burst to end.
+	urgent     chan struct{}
+	urgentOnce sync.Once
+}
+
+// hurry asks for the identity now.
+func (l *live) hurry() {
+	if l.urgent != nil {
+		l.urgentOnce.Do(func() { close(l.urgent) })
+	}
+}
+
+// lockOp takes the lifecycle lock, first hurrying a pending identity
+// delivery (which holds the lock until it is done).
+func (l *live) lockOp() {
+	l.hurry()
+	l.opMu.Lock()
 }
 
 // wait blocks until the sandbox has its identity.
@@ -113,6 +138,7 @@ func (l *live) wait(ctx context.Context) error {
 	if l.ready == nil {
 		return nil
 	}
+	l.hurry()
 	select {
 	case <-l.ready:
 		return l.initErr

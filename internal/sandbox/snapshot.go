@@ -83,7 +83,7 @@ func (s *Service) Snapshot(ctx context.Context, c Caller, id string, req Snapsho
 	if err != nil {
 		return store.Snapshot{}, err
 	}
-	l.opMu.Lock()
+	l.lockOp()
 	defer l.opMu.Unlock()
 	return s.takeSnapshot(context.WithoutCancel(ctx), sb, req.Kind, req.Name, false)
 }
