@@ -136,6 +136,7 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, dir string) (_ d
 	inst := d.newInstance(spec.ID, spec.StateDir)
 	inst.machine = m
 	inst.machine.Version = d.version
+	inst.low = spec.LowPriority
 	inst.started = true
 	defer func() {
 		if err != nil {

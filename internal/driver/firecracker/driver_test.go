@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -158,6 +159,23 @@ func testFakeLifecycle(t *testing.T, jailed bool) {
 	}
 	pid := pidOf(t, inst)
 	echo(t, inst)
+	// The VM runs in its own cgroup under space/, with its limits (the
+	// jailer's --cgroup, or moved there without the jailer).
+	if os.Geteuid() == 0 && !cgroup.Unified() {
+		if got, err := cgroup.Of(pid, "cpu"); err != nil || got != "/space/"+spec.ID {
+			t.Errorf("firecracker's cpu cgroup %q %v", got, err)
+		}
+		if got, err := cgroup.Of(pid, "memory"); err != nil || got != "/space/"+spec.ID {
+			t.Errorf("firecracker's memory cgroup %q %v", got, err)
+		}
+		q, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu/space", spec.ID, "cpu.cfs_quota_us"))
+		if strings.TrimSpace(string(q)) != "200000" {
+			t.Errorf("cpu quota %q, want 2 vCPUs", q)
+		}
+		if err := inst.(driver.Prioritizer).Prioritize(ctx); err != nil {
+			t.Errorf("Prioritize: %v", err)
+		}
+	}
 	for _, step := range []func(context.Context) error{inst.Pause, inst.Pause, inst.Resume, inst.Resume, inst.Pause} {
 		if err := step(ctx); err != nil {
 			t.Fatal(err)
@@ -245,6 +263,9 @@ func testFakeLifecycle(t *testing.T, jailed bool) {
 	}
 	if alive(pid) {
 		t.Errorf("firecracker %d alive after Destroy", pid)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/cpu/space", spec.ID)); !os.IsNotExist(err) {
+		t.Errorf("cgroup left after Destroy: %v", err)
 	}
 	if _, err := os.Stat(spec.StateDir); !os.IsNotExist(err) {
 		t.Errorf("state dir left: %v", err)

@@ -595,6 +595,7 @@ func fakeJailer(args []string) int {
 		return 1
 	}
 	opts := map[string]string{}
+	var cgroupFiles []string // every --cgroup FILE=VALUE, in order
 	newPidNS := false
 	var rest []string
 	for k := 0; k < len(args); k++ {
@@ -610,6 +611,9 @@ func fakeJailer(args []string) int {
 				return fail("%s needs a value", a)
 			}
 			opts[a] = args[k+1]
+			if a == "--cgroup" {
+				cgroupFiles = append(cgroupFiles, args[k+1])
+			}
 			k++
 		default:
 			return fail("unknown argument %q", a)
@@ -641,6 +645,39 @@ func fakeJailer(args []string) int {
 	}
 	if v := opts["--cgroup-version"]; v != "" && v != "1" && v != "2" {
 		return fail("bad cgroup version %q", v)
+	}
+	// Like the jailer: make <controller root>/<parent>/<id> for every
+	// --cgroup file, write the values, and join those cgroups before
+	// starting Firecracker (so it starts inside them).
+	if len(cgroupFiles) > 0 {
+		parent := opts["--parent-cgroup"]
+		if parent == "" {
+			parent = filepath.Base(exe)
+		}
+		joined := map[string]bool{}
+		for _, fv := range cgroupFiles {
+			file, value, ok := strings.Cut(fv, "=")
+			controller, _, ok2 := strings.Cut(file, ".")
+			if !ok || !ok2 {
+				return fail("bad --cgroup %q", fv)
+			}
+			dir := filepath.Join("/sys/fs/cgroup", parent, id)
+			if opts["--cgroup-version"] != "2" {
+				dir = filepath.Join("/sys/fs/cgroup", controller, parent, id)
+			}
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return fail("cgroup: %v", err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil {
+				return fail("cgroup %s: %v", fv, err)
+			}
+			if !joined[dir] {
+				joined[dir] = true
+				if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+					return fail("join cgroup: %v", err)
+				}
+			}
+		}
 	}
 	name := filepath.Base(exe)
 	chroot := filepath.Join(base, name, id, "root")

@@ -36,6 +36,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/vmimage"
@@ -89,6 +90,7 @@ var (
 	_ driver.Instance     = (*Instance)(nil)
 	_ driver.Detacher     = (*Instance)(nil)
 	_ driver.Checkpointer = (*Instance)(nil)
+	_ driver.Prioritizer  = (*Instance)(nil)
 )
 
 // New finds firecracker (and the jailer), checks their versions, finds the
@@ -255,6 +257,12 @@ type machine struct {
 	Version string `json:"firecracker_version"`
 }
 
+// limits are the cgroup limits of a VM: its vCPUs as a CPU quota, guest
+// memory plus the VMM's own as a hard limit, a pid limit.
+func (m machine) limits(low bool) cgroup.Limits {
+	return cgroup.Limits{CPUs: m.VCPU, MemoryMB: m.MemoryMB + 256 + m.MemoryMB/4, Pids: 256, Low: low}
+}
+
 func (d *Driver) normalize(spec *driver.Spec) error {
 	if !idRE.MatchString(spec.ID) {
 		return errdefs.InvalidArgument("firecracker: invalid sandbox id %q", spec.ID)
@@ -300,6 +308,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 		return nil, err
 	}
 	inst := d.newInstance(spec.ID, spec.StateDir)
+	inst.low = spec.LowPriority
 	defer func() {
 		if err != nil {
 			_ = inst.Destroy(context.WithoutCancel(ctx))

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -27,6 +28,7 @@ type Instance struct {
 	root     string // the VM's root directory (the chroot under the jailer)
 	log      *slog.Logger
 	machine  machine
+	low      bool // pooled: the lowest CPU share until Prioritize
 
 	// gate keeps agent connections out of a snapshot: Firecracker's vsock
 	// must be idle while one is taken. A connection attempt holds it
@@ -280,10 +282,22 @@ func (i *Instance) Destroy(ctx context.Context) error {
 	if err := i.killPid(pid); err != nil {
 		return err
 	}
+	if err := cgroup.Remove(i.id); err != nil {
+		return fmt.Errorf("firecracker: %w", err)
+	}
 	if i.stateDir != "" {
 		if err := os.RemoveAll(i.stateDir); err != nil {
 			return fmt.Errorf("firecracker: remove state dir: %w", err)
 		}
+	}
+	return nil
+}
+
+// Prioritize implements driver.Prioritizer: a pooled VM's cgroup gets the
+// normal CPU share.
+func (i *Instance) Prioritize(ctx context.Context) error {
+	if err := cgroup.Prioritize(i.id); err != nil {
+		return fmt.Errorf("firecracker: %w", err)
 	}
 	return nil
 }

@@ -99,11 +99,18 @@ func TestBootArgs(t *testing.T) {
 func TestJailerArgs(t *testing.T) {
 	d := newDriver(Config{Firecracker: "/opt/fc/firecracker-v1.10.1", Jailer: "/opt/fc/jailer", UID: 123, GID: 100}, "1.10.1", "", "")
 	d.cgroup2 = true
-	got := strings.Join(d.jailerArgs("sb-abc", "/var/lib/space/sandboxes/sb-abc"), " ")
+	lim := machine{VCPU: 2, MemoryMB: 512}.limits(true)
+	got := strings.Join(d.jailerArgs("sb-abc", "/var/lib/space/sandboxes/sb-abc", lim), " ")
 	want := "--id sb-abc --exec-file /opt/fc/firecracker-v1.10.1 --uid 123 --gid 100 " +
-		"--chroot-base-dir /var/lib/space/sandboxes/sb-abc --new-pid-ns --cgroup-version 2 -- --api-sock /api.sock"
+		"--chroot-base-dir /var/lib/space/sandboxes/sb-abc --new-pid-ns --cgroup-version 2 --parent-cgroup space " +
+		"--cgroup cpu.weight=1 --cgroup cpu.max=200000 100000 --cgroup memory.max=939524096 --cgroup pids.max=256 -- --api-sock /api.sock"
 	if got != want {
 		t.Errorf("jailer args\n got %s\nwant %s", got, want)
+	}
+	d.cgroup2 = false
+	got = strings.Join(d.jailerArgs("sb-abc", "/s", machine{VCPU: 1, MemoryMB: 256}.limits(false)), " ")
+	if !strings.Contains(got, "--parent-cgroup space --cgroup cpu.shares=1024 --cgroup cpu.cfs_period_us=100000 --cgroup cpu.cfs_quota_us=100000 --cgroup memory.limit_in_bytes=603979776 --cgroup pids.max=256 --") {
+		t.Errorf("cgroup v1 jailer args: %s", got)
 	}
 	if r := d.rootDir("/s/sb-abc", "sb-abc"); r != "/s/sb-abc/firecracker-v1.10.1/sb-abc/root" {
 		t.Errorf("jail root %s", r)

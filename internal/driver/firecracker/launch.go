@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -80,7 +81,7 @@ func (i *Instance) launch(ctx context.Context) error {
 		cmd = exec.Command(d.cfg.Firecracker, "--id="+i.id, "--api-sock", d.apiSockArg())
 		cmd.Dir = i.root
 	} else {
-		cmd = exec.Command(d.cfg.Jailer, d.jailerArgs(i.id, i.stateDir)...)
+		cmd = exec.Command(d.cfg.Jailer, d.jailerArgs(i.id, i.stateDir, i.machine.limits(i.low))...)
 	}
 	// Firecracker's serial console (the guest's ttyS0) and its own log go
 	// to the console log; stdin is /dev/null.
@@ -107,6 +108,10 @@ func (i *Instance) launch(ctx context.Context) error {
 	i.mu.Lock()
 	i.pid = pid
 	i.mu.Unlock()
+	if err := i.confine(pid); err != nil {
+		i.killPid(pid)
+		return err
+	}
 	if _, err := waitAPI(ctx, i.api(), launchTimeout, func() bool { return !alive(pid) }); err != nil {
 		i.killPid(pid)
 		return fmt.Errorf("firecracker: %s: %w (console: %s)", i.id, err, tailFile(i.consolePath(), 1500))
@@ -114,9 +119,32 @@ func (i *Instance) launch(ctx context.Context) error {
 	return nil
 }
 
+// confine makes sure Firecracker (pid) runs in the sandbox's cgroup
+// (space/<id>) with its limits: the jailer put it there (--parent-cgroup,
+// --cgroup), which is checked, never assumed (a VM outside its limits is
+// not started); a bare process (NoJailer) is moved there.
+func (i *Instance) confine(pid int) error {
+	if i.d.cfg.NoJailer {
+		if err := cgroup.Place(i.id, pid, i.machine.limits(i.low)); err != nil {
+			return fmt.Errorf("firecracker: %s: %w", i.id, err)
+		}
+		return nil
+	}
+	controller := "cpu"
+	if i.d.cgroup2 {
+		controller = ""
+	}
+	got, err := cgroup.Of(pid, controller)
+	if want := "/" + cgroup.Parent + "/" + i.id; err != nil || got != want {
+		return fmt.Errorf("firecracker: %s: the jailer left the VM in cgroup %q (%v), not %s", i.id, got, err, want)
+	}
+	return nil
+}
+
 // jailerArgs is the jailer's command line for instance id: the jail under
-// stateDir, a new pid namespace, Firecracker's API socket at its root.
-func (d *Driver) jailerArgs(id, stateDir string) []string {
+// stateDir, a new pid namespace, the cgroup space/<id> with lim,
+// Firecracker's API socket at its root.
+func (d *Driver) jailerArgs(id, stateDir string, lim cgroup.Limits) []string {
 	args := []string{
 		"--id", id,
 		"--exec-file", d.cfg.Firecracker,
@@ -127,6 +155,13 @@ func (d *Driver) jailerArgs(id, stateDir string) []string {
 	}
 	if d.cgroup2 {
 		args = append(args, "--cgroup-version", "2")
+	}
+	args = append(args, "--parent-cgroup", cgroup.Parent)
+	for _, kv := range lim.Files(d.cgroup2) {
+		if kv[0] == "memory.memsw.limit_in_bytes" || kv[0] == "memory.swap.max" {
+			continue // not on every kernel; the jailer fails on a missing file
+		}
+		args = append(args, "--cgroup", kv[0]+"="+kv[1])
 	}
 	return append(args, "--", "--api-sock", d.apiSockArg())
 }

@@ -24,13 +24,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -97,30 +97,11 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		cfg.GroupCPUShares = defaultGroupCPUShares
 	}
 	if cfg.GroupCPUShares > 0 {
-		if err := setGroupShares(cfg.GroupCPUShares); err != nil {
+		if err := cgroup.SetParentShares(cfg.GroupCPUShares); err != nil {
 			d.log.Warn("sandbox cgroup CPU weight not set", "err", err)
 		}
 	}
 	return d, nil
-}
-
-// setGroupShares gives the parent cgroup of every sandbox (space/) its
-// CPU weight, making it first if needed.
-func setGroupShares(shares int) error {
-	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
-		// cgroup v2: cpu.weight 1..10000, 100 ≙ 1024 shares.
-		dir := "/sys/fs/cgroup/space"
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-		w := max(1, min(10000, shares*100/1024))
-		return os.WriteFile(filepath.Join(dir, "cpu.weight"), []byte(strconv.Itoa(w)), 0)
-	}
-	dir := "/sys/fs/cgroup/cpu/space"
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "cpu.shares"), []byte(strconv.Itoa(max(2, shares))), 0)
 }
 
 // Name implements driver.Driver.
@@ -714,15 +695,8 @@ func (i *Instance) Detach() {
 // Prioritize implements driver.Prioritizer: the sandbox's cgroup gets the
 // normal CPU share (cgroup v1 cpu.shares, or v2 cpu.weight).
 func (i *Instance) Prioritize(ctx context.Context) error {
-	v1 := filepath.Join("/sys/fs/cgroup/cpu/space", i.id, "cpu.shares")
-	if err := os.WriteFile(v1, []byte(strconv.Itoa(normalShares)), 0); err == nil {
-		return nil
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("gvisor: cpu share: %w", err)
-	}
-	v2 := filepath.Join("/sys/fs/cgroup/space", i.id, "cpu.weight")
-	if err := os.WriteFile(v2, []byte("100"), 0); err != nil {
-		return fmt.Errorf("gvisor: cpu weight: %w", err)
+	if err := cgroup.Prioritize(i.id); err != nil {
+		return fmt.Errorf("gvisor: %w", err)
 	}
 	return nil
 }

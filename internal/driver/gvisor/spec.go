@@ -3,6 +3,7 @@ package gvisor
 import (
 	"fmt"
 
+	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
 )
 
@@ -94,13 +95,6 @@ type ociCPU struct {
 	Period uint64  `json:"period"`
 }
 
-// CPU shares (cgroup v1 cpu.shares; runsc converts them for v2): a
-// low-priority instance gets the minimum, the kernel's default otherwise.
-const (
-	lowShares    = 2
-	normalShares = 1024
-)
-
 type ociPids struct {
 	Limit int64 `json:"limit"`
 }
@@ -126,7 +120,9 @@ func buildSpec(s driver.Spec, hostRunDir string) ociSpec {
 		Pids:   &ociPids{Limit: int64(s.PidsMax)},
 	}
 	if s.LowPriority {
-		shares := uint64(lowShares)
+		// The minimum (cgroup v1 cpu.shares; runsc converts them for
+		// v2); Prioritize gives the kernel's default when claimed.
+		shares := uint64(cgroup.LowShares)
 		res.CPU.Shares = &shares
 	}
 	return ociSpec{

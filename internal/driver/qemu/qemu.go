@@ -36,6 +36,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/vmimage"
@@ -54,7 +55,15 @@ type Config struct {
 	// Accel forces "kvm" or "tcg"; empty probes (KVM only if a guest
 	// really boots under it).
 	Accel string
-	Log   *slog.Logger
+	// GroupCPUShares is the CPU weight of the parent cgroup of all
+	// sandboxes (see gvisor.Config.GroupCPUShares; default 256, -1 leaves
+	// it alone).
+	GroupCPUShares int
+	// NoCgroups runs VMs without cgroups of their own (no CPU quota,
+	// memory or pid limit beyond QEMU's own -smp/-m). Without it a host
+	// that has no cgroup filesystem cannot run QEMU sandboxes.
+	NoCgroups bool
+	Log       *slog.Logger
 }
 
 // Driver implements driver.Driver with QEMU microvms.
@@ -73,6 +82,7 @@ var (
 	_ driver.Instance     = (*Instance)(nil)
 	_ driver.Detacher     = (*Instance)(nil)
 	_ driver.Checkpointer = (*Instance)(nil)
+	_ driver.Prioritizer  = (*Instance)(nil)
 )
 
 // New finds QEMU and the guest kernel and chooses the accelerator.
@@ -110,8 +120,46 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	default:
 		return nil, errdefs.InvalidArgument("qemu: unknown accelerator %q", cfg.Accel)
 	}
+	if !cfg.NoCgroups {
+		if _, err := os.Stat(cgroup.Root); err != nil {
+			return nil, errdefs.Unavailable("qemu: no cgroup filesystem at %s to put VMs in (run as root on a host with cgroups, or set NoCgroups)", cgroup.Root)
+		}
+		if cfg.GroupCPUShares == 0 {
+			cfg.GroupCPUShares = 256
+		}
+		if cfg.GroupCPUShares > 0 {
+			if err := cgroup.SetParentShares(cfg.GroupCPUShares); err != nil {
+				d.log.Warn("sandbox cgroup CPU weight not set", "err", err)
+			}
+		}
+	}
 	return d, nil
 }
+
+// limits are the cgroup limits of a VM: its vCPUs as a CPU quota, its
+// guest memory plus QEMU's own (device models, and under TCG the
+// translation cache, -accel tb-size) as a hard limit, a pid limit above
+// QEMU's thread pools.
+func (m machine) limits(low bool) cgroup.Limits {
+	overhead := 256 + m.MemoryMB/4
+	if m.Accel == AccelTCG {
+		overhead += tcgTBSizeMB
+	}
+	return cgroup.Limits{CPUs: m.VCPU, MemoryMB: m.MemoryMB + overhead, Pids: 512, Low: low}
+}
+
+// accelArg is QEMU's -accel value: under TCG with the translation cache
+// bounded (its memory is part of the VM's cgroup limit).
+func accelArg(accel string) string {
+	if accel == AccelTCG {
+		return fmt.Sprintf("tcg,tb-size=%d", tcgTBSizeMB)
+	}
+	return accel
+}
+
+// tcgTBSizeMB bounds TCG's translation cache (QEMU's default is 1 GiB of
+// virtual memory per VM on 64-bit hosts).
+const tcgTBSizeMB = 256
 
 // Name implements driver.Driver.
 func (d *Driver) Name() string { return Name }
@@ -189,6 +237,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Instanc
 		return nil, err
 	}
 	inst := d.newInstance(spec.ID, spec.StateDir)
+	inst.low = spec.LowPriority
 	defer func() {
 		if err != nil {
 			_ = inst.Destroy(context.WithoutCancel(ctx))
@@ -240,7 +289,8 @@ func (i *Instance) qemuArgs(incoming string) []string {
 	}
 	args := []string{
 		"-name", "space-" + i.id,
-		"-M", "microvm,accel=" + m.Accel + ",acpi=on",
+		"-M", "microvm,acpi=on",
+		"-accel", accelArg(m.Accel),
 		"-cpu", cpu,
 		"-smp", strconv.Itoa(m.VCPU),
 		"-m", strconv.Itoa(m.MemoryMB),
@@ -325,6 +375,8 @@ type Instance struct {
 
 	dialMu sync.Mutex // one DialAgent at a time: the port has one host end
 
+	low bool // pooled: the lowest CPU share until Prioritize
+
 	mu        sync.Mutex
 	current   net.Conn // the agent connection last handed out
 	started   bool
@@ -392,7 +444,21 @@ func (i *Instance) launch(ctx context.Context, incoming string) error {
 	i.mu.Lock()
 	i.pid = pid
 	i.mu.Unlock()
+	if !i.d.cfg.NoCgroups {
+		if err := cgroup.Place(i.id, pid, i.machine.limits(i.low)); err != nil {
+			return fmt.Errorf("qemu: start %s: %w", i.id, err) // the caller destroys the VM
+		}
+	}
 	return nil
+}
+
+// Prioritize implements driver.Prioritizer: a pooled VM's cgroup gets the
+// normal CPU share.
+func (i *Instance) Prioritize(ctx context.Context) error {
+	if i.d.cfg.NoCgroups {
+		return nil
+	}
+	return cgroup.Prioritize(i.id)
 }
 
 // Pause implements driver.Instance (QMP stop: the vCPUs halt).
@@ -544,6 +610,11 @@ func (i *Instance) Destroy(ctx context.Context) error {
 				return fmt.Errorf("qemu: vm %s (pid %d) did not die", i.id, pid)
 			}
 			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if !i.d.cfg.NoCgroups {
+		if err := cgroup.Remove(i.id); err != nil {
+			return fmt.Errorf("qemu: %w", err)
 		}
 	}
 	if i.stateDir != "" {

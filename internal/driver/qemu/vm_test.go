@@ -16,6 +16,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/driver/drivertest"
 	"github.com/spacesandbox/space/internal/driver/qemu"
@@ -182,3 +183,88 @@ func vmRSS(b *testing.B, inst driver.Instance) int64 {
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// A VM runs in its own cgroup (space/<id>) with its vCPUs as the CPU
+// quota, guest memory plus QEMU's own as the memory limit and the lowest
+// share while pooled; Prioritize raises the share, a restored VM gets its
+// own cgroup, and Destroy removes them.
+func TestVMCgroup(t *testing.T) {
+	e := newEnv(t)
+	if cgroup.Unified() {
+		t.Skip("this test reads cgroup v1 files; the host runs cgroup v2")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	spec := e.spec()
+	spec.LowPriority = true
+	inst, err := e.d.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inst.Destroy(context.Background()) })
+	if err := inst.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := agentclient.New(inst.DialAgent, nil)
+	defer c.Close()
+	if out, _, code := drivertest.Exec(t, c, agentproto.StartRequest{Cmd: []string{"echo", "inside"}}); code != 0 || !strings.Contains(out, "inside") {
+		t.Fatalf("exec in a confined VM: %q %d", out, code)
+	}
+	check := func(id, stateDir, shares string) {
+		t.Helper()
+		b, _ := os.ReadFile(filepath.Join(stateDir, "qemu.pid"))
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		for _, ctl := range []string{"cpu", "memory", "pids"} {
+			if got, err := cgroup.Of(pid, ctl); err != nil || got != "/space/"+id {
+				t.Errorf("qemu %d %s cgroup %q %v", pid, ctl, got, err)
+			}
+		}
+		read := func(p ...string) string {
+			b, _ := os.ReadFile(filepath.Join(append([]string{"/sys/fs/cgroup"}, p...)...))
+			return strings.TrimSpace(string(b))
+		}
+		if q := read("cpu", "space", id, "cpu.cfs_quota_us"); q != "100000" {
+			t.Errorf("cpu quota %q, want 1 vCPU", q)
+		}
+		if s := read("cpu", "space", id, "cpu.shares"); s != shares {
+			t.Errorf("cpu.shares %q, want %s", s, shares)
+		}
+		limit, _ := strconv.ParseInt(read("memory", "space", id, "memory.limit_in_bytes"), 10, 64)
+		usage, _ := strconv.ParseInt(read("memory", "space", id, "memory.usage_in_bytes"), 10, 64)
+		if limit < 256<<20 || limit > 2<<30 || usage <= 0 || usage >= limit {
+			t.Errorf("memory limit %d, usage %d", limit, usage)
+		}
+		t.Logf("%s: memory usage %d MiB of %d MiB", id, usage>>20, limit>>20)
+	}
+	check(spec.ID, spec.StateDir, "2")
+	if err := inst.(driver.Prioritizer).Prioritize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check(spec.ID, spec.StateDir, "1024")
+
+	img := filepath.Join(t.TempDir(), "image")
+	if err := inst.(driver.Checkpointer).Checkpoint(ctx, img, true); err != nil {
+		t.Fatal(err)
+	}
+	kspec := e.spec()
+	child, err := e.d.Restore(ctx, kspec, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { child.Destroy(context.Background()) })
+	check(kspec.ID, kspec.StateDir, "1024")
+
+	for _, x := range []struct {
+		inst driver.Instance
+		id   string
+	}{{inst, spec.ID}, {child, kspec.ID}} {
+		if err := x.inst.Destroy(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, ctl := range []string{"cpu", "memory", "pids"} {
+			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctl, "space", x.id)); !os.IsNotExist(err) {
+				t.Errorf("%s cgroup of %s left after Destroy: %v", ctl, x.id, err)
+			}
+		}
+	}
+}

@@ -1,0 +1,288 @@
+// Package cgroup puts a sandbox's host processes (a QEMU VM) into a cgroup
+// of their own under the parent every sandbox shares (space/<id>), with a
+// CPU quota, a memory limit, a pid limit and a CPU weight, on cgroup v1
+// (one hierarchy per controller) or v2 (the unified hierarchy).
+//
+// gVisor sandboxes get the same layout from runsc (internal/driver/gvisor
+// passes the limits in the OCI spec) and Firecracker from its jailer
+// (--parent-cgroup); this package is for drivers that start a plain
+// process. The parent's weight is set once (SetParentShares): every
+// sandbox together competes with one host process at that weight, so the
+// control plane is served first.
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Parent is the cgroup all sandboxes live under.
+const Parent = "space"
+
+// Shares of a sandbox's cgroup (v1 cpu.shares; v2 cpu.weight is scaled).
+const (
+	LowShares    = 2    // a pooled sandbox waiting to be claimed
+	NormalShares = 1024 // a sandbox in use
+)
+
+// Root is where the cgroup filesystems are mounted (a var for tests).
+var Root = "/sys/fs/cgroup"
+
+// Limits are what one sandbox may use.
+type Limits struct {
+	CPUs     int  // CFS quota of this many cores (0: no quota)
+	MemoryMB int  // hard memory limit (0: none)
+	Pids     int  // most tasks (0: no limit)
+	Low      bool // start at LowShares (Prioritize raises it)
+}
+
+// Unified reports whether the host runs cgroup v2 only.
+func Unified() bool {
+	_, err := os.Stat(filepath.Join(Root, "cgroup.controllers"))
+	return err == nil
+}
+
+// v1Controllers are the hierarchies a sandbox joins on cgroup v1; cpuacct
+// (accounting only) may share a mount with cpu.
+var v1Controllers = []string{"cpu", "cpuacct", "memory", "pids"}
+
+// dirs returns the sandbox's cgroup directories that exist or would be
+// made: one per mounted v1 controller, or the v2 one.
+func dirs(id string) []string {
+	if Unified() {
+		return []string{filepath.Join(Root, Parent, id)}
+	}
+	var out []string
+	seen := map[string]bool{}
+	for _, c := range v1Controllers {
+		base := filepath.Join(Root, c)
+		real, err := filepath.EvalSymlinks(base) // cpu and cpuacct may be one mount
+		if err != nil || seen[real] {
+			continue
+		}
+		seen[real] = true
+		out = append(out, filepath.Join(base, Parent, id))
+	}
+	return out
+}
+
+func checkID(id string) error {
+	if id == "" || strings.ContainsAny(id, "/\x00") || id == "." || id == ".." {
+		return fmt.Errorf("cgroup: bad sandbox id %q", id)
+	}
+	return nil
+}
+
+// Place makes the sandbox's cgroup(s) with lim and moves pid (its whole
+// thread group; children it starts later follow) into them. On an error
+// the cgroups made are removed.
+func Place(id string, pid int, lim Limits) (err error) {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	ds := dirs(id)
+	if len(ds) == 0 {
+		return fmt.Errorf("cgroup: no cgroup hierarchy under %s", Root)
+	}
+	defer func() {
+		if err != nil {
+			_ = Remove(id)
+		}
+	}()
+	if Unified() {
+		return placeV2(ds[0], pid, lim)
+	}
+	for _, d := range ds {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("cgroup: %w", err)
+		}
+		if err := limitV1(d, lim); err != nil {
+			return err
+		}
+	}
+	for _, d := range ds {
+		if err := write(d, "cgroup.procs", strconv.Itoa(pid)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Files are the interface files and values that apply lim, in the order
+// they must be written (memory before memory+swap), for cgroup v1 or the
+// unified hierarchy. The v1 file names start with their controller.
+func (lim Limits) Files(unified bool) [][2]string {
+	shares := NormalShares
+	if lim.Low {
+		shares = LowShares
+	}
+	var w [][2]string
+	if unified {
+		w = append(w, [2]string{"cpu.weight", strconv.Itoa(weightOf(shares))})
+		if lim.CPUs > 0 {
+			w = append(w, [2]string{"cpu.max", fmt.Sprintf("%d 100000", lim.CPUs*100000)})
+		}
+		if lim.MemoryMB > 0 {
+			w = append(w, [2]string{"memory.max", strconv.FormatInt(int64(lim.MemoryMB)<<20, 10)},
+				[2]string{"memory.swap.max", "0"})
+		}
+	} else {
+		w = append(w, [2]string{"cpu.shares", strconv.Itoa(shares)})
+		if lim.CPUs > 0 {
+			w = append(w, [2]string{"cpu.cfs_period_us", "100000"}, [2]string{"cpu.cfs_quota_us", strconv.Itoa(lim.CPUs * 100000)})
+		}
+		if lim.MemoryMB > 0 {
+			b := strconv.FormatInt(int64(lim.MemoryMB)<<20, 10)
+			// No swap beyond the limit either (where swap accounting
+			// is on).
+			w = append(w, [2]string{"memory.limit_in_bytes", b}, [2]string{"memory.memsw.limit_in_bytes", b})
+		}
+	}
+	if lim.Pids > 0 {
+		w = append(w, [2]string{"pids.max", strconv.Itoa(lim.Pids)})
+	}
+	return w
+}
+
+// optional are files that exist only with some kernel options (swap
+// accounting): skipped where missing.
+var optional = map[string]bool{"memory.memsw.limit_in_bytes": true, "memory.swap.max": true}
+
+func writeFiles(d string, files [][2]string) error {
+	for _, kv := range files {
+		if optional[kv[0]] {
+			if _, err := os.Stat(filepath.Join(d, kv[0])); err != nil {
+				continue
+			}
+		}
+		if err := write(d, kv[0], kv[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func limitV1(d string, lim Limits) error {
+	controller := filepath.Base(filepath.Dir(filepath.Dir(d)))
+	var mine [][2]string
+	for _, kv := range lim.Files(false) {
+		c, _, _ := strings.Cut(kv[0], ".")
+		if slices.Contains(strings.Split(controller, ","), c) { // "cpu", or a joint mount "cpu,cpuacct"
+			mine = append(mine, kv)
+		}
+	}
+	return writeFiles(d, mine)
+}
+
+func placeV2(d string, pid int, lim Limits) error {
+	// The controllers must be enabled for the parent's children.
+	parent := filepath.Dir(d)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return fmt.Errorf("cgroup: %w", err)
+	}
+	for _, p := range []string{Root, parent} {
+		if err := write(p, "cgroup.subtree_control", "+cpu +memory +pids"); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return fmt.Errorf("cgroup: %w", err)
+	}
+	if err := writeFiles(d, lim.Files(true)); err != nil {
+		return err
+	}
+	return write(d, "cgroup.procs", strconv.Itoa(pid))
+}
+
+// weightOf converts v1 shares to a v2 cpu.weight (1024 ≙ 100).
+func weightOf(shares int) int { return max(1, min(10000, shares*100/1024)) }
+
+// SetParentShares gives the parent of all sandboxes its CPU weight,
+// making it first if needed.
+func SetParentShares(shares int) error {
+	if Unified() {
+		dir := filepath.Join(Root, Parent)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		return write(dir, "cpu.weight", strconv.Itoa(weightOf(shares)))
+	}
+	dir := filepath.Join(Root, "cpu", Parent)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return write(dir, "cpu.shares", strconv.Itoa(max(2, shares)))
+}
+
+// Prioritize gives the sandbox's cgroup the normal CPU share.
+func Prioritize(id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if Unified() {
+		return write(filepath.Join(Root, Parent, id), "cpu.weight", strconv.Itoa(weightOf(NormalShares)))
+	}
+	return write(filepath.Join(Root, "cpu", Parent, id), "cpu.shares", strconv.Itoa(NormalShares))
+}
+
+// Remove removes the sandbox's cgroups. One that still has processes
+// cannot be removed (EBUSY): a killed process leaves it a moment later,
+// so that is retried briefly. Missing cgroups are not an error.
+func Remove(id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	var errs []error
+	for _, d := range dirs(id) {
+		var err error
+		for try := 0; try < 50; try++ {
+			if err = os.Remove(d); err == nil || errors.Is(err, fs.ErrNotExist) {
+				err = nil
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cgroup: remove %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Of reports the cgroup path pid is in for controller ("" on v2), as
+// /proc/<pid>/cgroup says.
+func Of(pid int, controller string) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if controller == "" && parts[0] == "0" && parts[1] == "" {
+			return parts[2], nil
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			if c == controller {
+				return parts[2], nil
+			}
+		}
+	}
+	return "", fmt.Errorf("cgroup: pid %d has no %q cgroup", pid, controller)
+}
+
+func write(dir, file, value string) error {
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil {
+		return fmt.Errorf("cgroup: %s/%s = %s: %w", dir, file, value, err)
+	}
+	return nil
+}

@@ -1,0 +1,156 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("cgroup tests write /sys/fs/cgroup and must run as root (make test does)")
+	}
+}
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// A process placed in a sandbox cgroup is in it for every controller,
+// with the limits written, the share raised by Prioritize, its memory
+// limit enforced (an allocation past it is killed), and the cgroups gone
+// after Remove.
+func TestPlaceLimitsAndRemove(t *testing.T) {
+	needRoot(t)
+	id := fmt.Sprintf("test-cgroup-%d", os.Getpid())
+	t.Cleanup(func() { _ = Remove(id) })
+	// Waits for a line on stdin, then allocates 256 MiB and touches it.
+	cmd := exec.Command("python3", "-c", "import sys; sys.stdin.readline(); b = bytearray(256 << 20); print('survived')")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &strings.Builder{}
+	cmd.Stdout = out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	if err := Place(id, cmd.Process.Pid, Limits{CPUs: 1, MemoryMB: 64, Pids: 16, Low: true}); err != nil {
+		t.Fatal(err)
+	}
+	want := "/" + Parent + "/" + id
+	if Unified() {
+		if got, err := Of(cmd.Process.Pid, ""); err != nil || got != want {
+			t.Fatalf("cgroup = %q %v, want %q", got, err, want)
+		}
+		d := filepath.Join(Root, Parent, id)
+		if got := read(t, filepath.Join(d, "cpu.max")); got != "100000 100000" {
+			t.Errorf("cpu.max = %q", got)
+		}
+		if got := read(t, filepath.Join(d, "memory.max")); got != fmt.Sprint(64<<20) {
+			t.Errorf("memory.max = %q", got)
+		}
+		if got := read(t, filepath.Join(d, "cpu.weight")); got != "1" {
+			t.Errorf("pooled cpu.weight = %q", got)
+		}
+		if err := Prioritize(id); err != nil {
+			t.Fatal(err)
+		}
+		if got := read(t, filepath.Join(d, "cpu.weight")); got != "100" {
+			t.Errorf("cpu.weight after Prioritize = %q", got)
+		}
+	} else {
+		for _, c := range []string{"cpu", "memory", "pids"} {
+			if got, err := Of(cmd.Process.Pid, c); err != nil || got != want {
+				t.Fatalf("%s cgroup = %q %v, want %q", c, got, err, want)
+			}
+		}
+		if got := read(t, filepath.Join(Root, "cpu", Parent, id, "cpu.cfs_quota_us")); got != "100000" {
+			t.Errorf("cpu.cfs_quota_us = %q", got)
+		}
+		if got := read(t, filepath.Join(Root, "memory", Parent, id, "memory.limit_in_bytes")); got != fmt.Sprint(64<<20) {
+			t.Errorf("memory.limit_in_bytes = %q", got)
+		}
+		if got := read(t, filepath.Join(Root, "pids", Parent, id, "pids.max")); got != "16" {
+			t.Errorf("pids.max = %q", got)
+		}
+		if got := read(t, filepath.Join(Root, "cpu", Parent, id, "cpu.shares")); got != "2" {
+			t.Errorf("pooled cpu.shares = %q", got)
+		}
+		if err := Prioritize(id); err != nil {
+			t.Fatal(err)
+		}
+		if got := read(t, filepath.Join(Root, "cpu", Parent, id, "cpu.shares")); got != "1024" {
+			t.Errorf("cpu.shares after Prioritize = %q", got)
+		}
+	}
+	io.WriteString(stdin, "go\n")
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL || strings.Contains(out.String(), "survived") {
+		t.Fatalf("256 MiB allocated under a 64 MiB limit: %v, output %q", err, out.String())
+	}
+	if err := Remove(id); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs(id) {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s still there: %v", d, err)
+		}
+	}
+	if err := Remove(id); err != nil {
+		t.Errorf("second Remove: %v", err)
+	}
+}
+
+func TestBadIDs(t *testing.T) {
+	for _, id := range []string{"", ".", "..", "a/b", "../x"} {
+		if err := Place(id, os.Getpid(), Limits{}); err == nil {
+			t.Errorf("Place(%q) accepted", id)
+		}
+		if err := Remove(id); err == nil {
+			t.Errorf("Remove(%q) accepted", id)
+		}
+	}
+}
+
+// A process still inside keeps its cgroup: Remove reports it instead of
+// hanging, and succeeds once the process is gone.
+func TestRemoveBusy(t *testing.T) {
+	needRoot(t)
+	id := fmt.Sprintf("test-busy-%d", os.Getpid())
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := Place(id, cmd.Process.Pid, Limits{}); err != nil {
+		cmd.Process.Kill()
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := Remove(id); err == nil {
+		t.Error("removed a cgroup with a live process in it")
+	}
+	if time.Since(start) > 30*time.Second {
+		t.Error("Remove of a busy cgroup did not give up")
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if err := Remove(id); err != nil {
+		t.Fatal(err)
+	}
+}
