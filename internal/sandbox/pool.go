@@ -198,6 +198,9 @@ func (p *pool) fill(ctx context.Context) {
 			// Booting is the heaviest work there is: not while a burst of
 			// creates is being answered.
 			p.s.afterBurst(ctx.Done(), refillMaxDefer)
+			if ctx.Err() != nil {
+				return // stopped while waiting: no boot to throw away
+			}
 			bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Minute)
 			w, err := p.refill(bctx)
 			bcancel()
