@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -462,5 +464,54 @@ func TestPTYDialError(t *testing.T) {
 	})
 	if _, err := c.PTY(t.Context(), "sb1", 0, 0, ""); !IsNotFound(err) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// Twenty calls at once, twice: the second round reuses the first round's
+// connections (http.DefaultClient keeps only two idle ones per host).
+func TestConcurrentCallsReuseConnections(t *testing.T) {
+	var mu sync.Mutex
+	opened := 0
+	release := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release // hold every call until all twenty are in flight
+		writeJSON(w, 200, map[string]string{"status": "ok"})
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			opened++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	c := NewClient(srv.URL, "k3y")
+	round := func() {
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := c.Health(t.Context()); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		time.Sleep(200 * time.Millisecond)
+		for range 20 {
+			release <- struct{}{}
+		}
+		wg.Wait()
+	}
+	round()
+	mu.Lock()
+	first := opened
+	mu.Unlock()
+	round()
+	mu.Lock()
+	defer mu.Unlock()
+	if first < 2 || opened != first {
+		t.Fatalf("connections opened: %d in the first round, %d in the second", first, opened-first)
 	}
 }
