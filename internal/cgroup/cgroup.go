@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -32,8 +33,13 @@ const (
 	NormalShares = 1024 // a sandbox in use
 )
 
-// Root is where the cgroup filesystems are mounted (a var for tests).
-var Root = "/sys/fs/cgroup"
+// Root is where the cgroup filesystems are mounted.
+const Root = "/sys/fs/cgroup"
+
+// DefaultParentShares is the parent's CPU weight the drivers set unless
+// configured otherwise: a quarter of one host process at nice 0, so the
+// control plane is served first when it needs the CPU.
+const DefaultParentShares = 256
 
 // Limits are what one sandbox may use.
 type Limits struct {
@@ -43,11 +49,11 @@ type Limits struct {
 	Low      bool // start at LowShares (Prioritize raises it)
 }
 
-// Unified reports whether the host runs cgroup v2 only.
-func Unified() bool {
+// Unified reports whether the host runs cgroup v2 only (looked up once).
+var Unified = sync.OnceValue(func() bool {
 	_, err := os.Stat(filepath.Join(Root, "cgroup.controllers"))
 	return err == nil
-}
+})
 
 // v1Controllers are the hierarchies a sandbox joins on cgroup v1; cpuacct
 // (accounting only) may share a mount with cpu.
@@ -232,15 +238,20 @@ func Prioritize(id string) error {
 	return write(filepath.Join(Root, "cpu", Parent, id), "cpu.shares", strconv.Itoa(NormalShares))
 }
 
-// Remove removes the sandbox's cgroups. One that still has processes
-// cannot be removed (EBUSY): a killed process leaves it a moment later,
-// so that is retried briefly. Missing cgroups are not an error.
+// Remove removes the sandbox's cgroups under every hierarchy, also those
+// made by others (runsc makes one per v1 controller). One that still has
+// processes cannot be removed (EBUSY): a killed process leaves it a moment
+// later, so that is retried briefly. Missing cgroups are not an error.
 func Remove(id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
+	ds, _ := filepath.Glob(filepath.Join(Root, "*", Parent, id))
+	if Unified() {
+		ds = append(ds, filepath.Join(Root, Parent, id))
+	}
 	var errs []error
-	for _, d := range dirs(id) {
+	for _, d := range ds {
 		var err error
 		for try := 0; try < 50; try++ {
 			if err = os.Remove(d); err == nil || errors.Is(err, fs.ErrNotExist) {

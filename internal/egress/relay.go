@@ -182,7 +182,7 @@ func (s *session) sniff(port int, up net.Conn) (int, *bufio.Reader) {
 	if err == nil {
 		return s.classify(), upr
 	}
-	if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+	if ne := net.Error(nil); !errors.As(err, &ne) || !ne.Timeout() {
 		return kindEnd, upr
 	}
 	// The race. The upstream's first byte interrupts the client's wait.

@@ -472,8 +472,9 @@ func TestPTYDialError(t *testing.T) {
 func TestConcurrentCallsReuseConnections(t *testing.T) {
 	var mu sync.Mutex
 	opened := 0
-	release := make(chan struct{})
+	arrived, release := make(chan struct{}), make(chan struct{})
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
 		<-release // hold every call until all twenty are in flight
 		writeJSON(w, 200, map[string]string{"status": "ok"})
 	}))
@@ -498,7 +499,9 @@ func TestConcurrentCallsReuseConnections(t *testing.T) {
 				}
 			}()
 		}
-		time.Sleep(200 * time.Millisecond)
+		for range 20 {
+			<-arrived
+		}
 		for range 20 {
 			release <- struct{}{}
 		}

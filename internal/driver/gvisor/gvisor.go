@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -56,9 +55,6 @@ type Config struct {
 	Log            *slog.Logger
 }
 
-// defaultGroupCPUShares: see Config.GroupCPUShares.
-const defaultGroupCPUShares = 256
-
 // Driver implements driver.Driver with runsc.
 type Driver struct {
 	cfg Config
@@ -94,7 +90,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	d := &Driver{cfg: cfg, log: cfg.Log.With("driver", Name)}
 	if cfg.GroupCPUShares == 0 {
-		cfg.GroupCPUShares = defaultGroupCPUShares
+		cfg.GroupCPUShares = cgroup.DefaultParentShares
 	}
 	if cfg.GroupCPUShares > 0 {
 		if err := cgroup.SetParentShares(cfg.GroupCPUShares); err != nil {
@@ -746,29 +742,12 @@ func (i *Instance) Destroy(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// removeCgroups removes the sandbox's cgroups (space/<id> under each v1
-// controller, or under the v2 root). runsc removes them when it deletes a
-// container it finished creating; one killed mid-start leaves them
-// behind, empty. A cgroup that still has processes cannot be removed
-// (EBUSY): the processes are gone a moment after the forced delete, so it
-// is retried briefly, then logged.
+// removeCgroups removes the sandbox's cgroups. runsc removes them when it
+// deletes a container it finished creating; one killed mid-start leaves
+// them behind, empty. One left (still busy after the retries) is logged.
 func (i *Instance) removeCgroups() {
-	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/space", i.id))
-	if fi, err := os.Stat(filepath.Join("/sys/fs/cgroup/space", i.id)); err == nil && fi.IsDir() {
-		dirs = append(dirs, filepath.Join("/sys/fs/cgroup/space", i.id))
-	}
-	for _, dir := range dirs {
-		var err error
-		for try := 0; try < 20; try++ {
-			if err = os.Remove(dir); err == nil || errors.Is(err, fs.ErrNotExist) {
-				err = nil
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err != nil {
-			i.log.Warn("sandbox cgroup left behind", "dir", dir, "err", err)
-		}
+	if err := cgroup.Remove(i.id); err != nil {
+		i.log.Warn("sandbox cgroup left behind", "err", err)
 	}
 }
 

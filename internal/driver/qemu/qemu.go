@@ -125,7 +125,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 			return nil, errdefs.Unavailable("qemu: no cgroup filesystem at %s to put VMs in (run as root on a host with cgroups, or set NoCgroups)", cgroup.Root)
 		}
 		if cfg.GroupCPUShares == 0 {
-			cfg.GroupCPUShares = 256
+			cfg.GroupCPUShares = cgroup.DefaultParentShares
 		}
 		if cfg.GroupCPUShares > 0 {
 			if err := cgroup.SetParentShares(cfg.GroupCPUShares); err != nil {

@@ -51,9 +51,14 @@ func (e *env) spec() driver.Spec {
 
 // boot creates and starts a VM and waits for its agent's answer.
 func (e *env) boot(t testing.TB) (driver.Instance, *agentclient.Client) {
+	return e.bootSpec(t, e.spec())
+}
+
+// bootSpec is boot with the given spec.
+func (e *env) bootSpec(t testing.TB, spec driver.Spec) (driver.Instance, *agentclient.Client) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	inst, err := e.d.Create(ctx, e.spec())
+	inst, err := e.d.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,16 +202,7 @@ func TestVMCgroup(t *testing.T) {
 	defer cancel()
 	spec := e.spec()
 	spec.LowPriority = true
-	inst, err := e.d.Create(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { inst.Destroy(context.Background()) })
-	if err := inst.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	c := agentclient.New(inst.DialAgent, nil)
-	defer c.Close()
+	inst, c := e.bootSpec(t, spec)
 	if out, _, code := drivertest.Exec(t, c, agentproto.StartRequest{Cmd: []string{"echo", "inside"}}); code != 0 || !strings.Contains(out, "inside") {
 		t.Fatalf("exec in a confined VM: %q %d", out, code)
 	}
