@@ -16,7 +16,6 @@ func (s *Service) History(ctx context.Context, tick time.Duration) {
 	if s.snaps == nil {
 		return
 	}
-	s.CleanupSnapshots(ctx)
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	lastRetention := time.Time{}
@@ -36,7 +35,8 @@ func (s *Service) History(ctx context.Context, tick time.Duration) {
 	}
 }
 
-// CleanupSnapshots runs at start: snapshots a killed server left half-made
+// CleanupSnapshots runs at start (from Recover, before the server answers
+// requests): snapshots a killed server left half-made
 // are marked failed and their partial content dropped. Earlier snapshots
 // are untouched (their manifests were committed before).
 func (s *Service) CleanupSnapshots(ctx context.Context) {

@@ -175,3 +175,51 @@ func TestRetentionPerSandbox(t *testing.T) {
 		t.Errorf("kept %d (1-day sandbox) and %d (server default): want 2 and 5", len(short), len(long))
 	}
 }
+
+// TestRecoverFailsInterruptedSnapshots: a snapshot the previous server
+// process left "creating" is failed (and its partial content dropped) by
+// Recover, which returns before the server answers its first request.
+func TestRecoverFailsInterruptedSnapshots(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := store.Open(ctx, filepath.Join(dir, "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cs, err := snapshot.New(filepath.Join(dir, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	svc := New(Config{DataDir: dir}, st, nil, slog.New(slog.DiscardHandler), nil)
+	svc.SetSnapshots(Snapshots{Store: cs, Interval: -1, Retention: snapshot.DefaultPolicy()})
+	now := time.Now().UTC()
+	for _, sn := range []store.Snapshot{
+		{ID: "snap-done", SandboxID: "sb-test", Team: "t", Kind: KindFiles, Status: store.SnapshotReady, CreatedAt: now},
+		{ID: "snap-half", SandboxID: "sb-test", Team: "t", Kind: KindFiles, Status: store.SnapshotCreating, CreatedAt: now},
+	} {
+		if err := st.CreateSnapshot(ctx, sn); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.PutTar(ctx, sn.ID, bytes.NewReader(tarOf(t, 1)), snapshot.Meta{CreatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := svc.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	half, err := st.GetSnapshot(ctx, "snap-half")
+	if err != nil || half.Status != store.SnapshotFailed {
+		t.Fatalf("interrupted snapshot after Recover: %+v, %v", half, err)
+	}
+	if _, err := cs.Open("snap-half"); err == nil {
+		t.Error("the interrupted snapshot's content is still stored")
+	}
+	if done, err := st.GetSnapshot(ctx, "snap-done"); err != nil || done.Status != store.SnapshotReady {
+		t.Errorf("finished snapshot after Recover: %+v, %v", done, err)
+	}
+	if err := cs.Verify(ctx, "snap-done"); err != nil {
+		t.Errorf("finished snapshot does not verify: %v", err)
+	}
+}

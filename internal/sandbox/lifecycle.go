@@ -182,7 +182,12 @@ func (s *Service) ReapOnce(ctx context.Context) {
 // Recover re-attaches every sandbox a previous server process left with host
 // resources. Running and paused sandboxes whose instance still exists are
 // re-attached; the rest are destroyed and marked stopped with a reason.
+// Snapshots the previous process left half-made are marked failed first, so
+// no client of this process ever sees one "creating" that nothing creates.
 func (s *Service) Recover(ctx context.Context) error {
+	if s.snaps != nil {
+		s.CleanupSnapshots(ctx)
+	}
 	var sbs []store.Sandbox
 	for cursor := ""; ; {
 		page, next, err := s.store.ListSandboxes(ctx, store.SandboxFilter{States: liveStates, Limit: store.MaxListLimit, After: cursor})
