@@ -195,6 +195,22 @@ func testExecJSONAndShell(t *testing.T, drv string) {
 	if r2.Stdout != "x\n/tmp\n0\n" || r2.ExitCode != 0 {
 		t.Errorf("argv with env/cwd/user: %+v", r2)
 	}
+	// A shell command is a login shell; the base template's /etc/profile
+	// still sets Debian's PATH for the user and for root, but without
+	// running id(1) (a process start costs tens of ms in a sandbox).
+	s.sh(id, `mkdir -p /tmp/fakeid && printf '#!/bin/sh\ntouch /tmp/fakeid/ran\nexec /usr/bin/id "$@"\n' > /tmp/fakeid/id && chmod 755 /tmp/fakeid/id`)
+	for user, path := range map[string]string{
+		"user": "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games",
+		"root": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	} {
+		var r execResult
+		s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{
+			"cmd": "echo $PATH; test -e /tmp/fakeid/ran && echo ran id", "user": user, "env": map[string]string{"PATH": "/tmp/fakeid:/usr/bin:/bin"},
+		}, &r)
+		if r.Stdout != path+"\n" || r.ExitCode != 1 {
+			t.Errorf("login shell as %s: %+v", user, r)
+		}
+	}
 	var r3 execResult
 	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"cat"}, "stdin": "from stdin"}, &r3)
 	if r3.Stdout != "from stdin" {
