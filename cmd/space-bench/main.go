@@ -188,6 +188,27 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 		}
 	}
 	b.rows = append(b.rows, r)
+
+	// A shell command: a bash login shell, as every E2B commands.run is.
+	r = row{name: "shell command `true` round trip (bash -lc)", rawName: "runsc exec bash -lc true"}
+	for i := 0; i < nExec/2; i++ {
+		t0 := time.Now()
+		var res struct {
+			ExitCode int `json:"exit_code"`
+		}
+		if code := b.do("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": "true"}, &res); code != 200 || res.ExitCode != 0 {
+			return fmt.Errorf("shell exec: %d", code)
+		}
+		r.space = append(r.space, time.Since(t0))
+		if i < nExec/8 {
+			t0 = time.Now()
+			if out, err := exec.Command(b.runsc, "--root", raw.root, "exec", cid, "bash", "-lc", "true").CombinedOutput(); err != nil {
+				return fmt.Errorf("runsc exec bash: %v: %s", err, out)
+			}
+			r.raw = append(r.raw, time.Since(t0))
+		}
+	}
+	b.rows = append(b.rows, r)
 	if err := b.execBreakdown(id, raw, cid, nExec); err != nil {
 		return err
 	}
