@@ -35,10 +35,10 @@ func (s *Service) History(ctx context.Context, tick time.Duration) {
 	}
 }
 
-// CleanupSnapshots runs at start (from Recover, before the server answers
-// requests): snapshots a killed server left half-made
-// are marked failed and their partial content dropped. Earlier snapshots
-// are untouched (their manifests were committed before).
+// CleanupSnapshots runs at start, from Recover, before the server answers
+// requests: snapshots a killed server left half-made are marked failed and
+// their partial content dropped. Earlier snapshots are untouched (their
+// manifests were committed before).
 func (s *Service) CleanupSnapshots(ctx context.Context) {
 	snaps, err := s.store.ListSnapshots(ctx, "", store.SnapshotCreating)
 	if err != nil {
