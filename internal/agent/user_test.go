@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 )
 
 // TestLookupUserCache: a resolved user is served from the cache while
@@ -70,8 +69,9 @@ func TestLookupUserCache(t *testing.T) {
 
 	// Removed: a different version too.
 	uid = 1005
-	time.Sleep(time.Millisecond)
-	os.Remove(group)
+	if err := os.Remove(group); err != nil {
+		t.Fatal(err)
+	}
 	lookup(1005, 5)
 	lookup(1005, 5)
 }
