@@ -26,7 +26,13 @@ type watcher struct {
 	dirs      map[int]string // wd → directory
 }
 
-func (w *watcher) add(dir string) error {
+// add watches dir and, for a recursive watch, its subdirectories. found,
+// when not nil, is called with every entry already in them: a directory
+// created or moved into the tree after the watch began may be filled before
+// its own watch is in place (`mkdir -p a/b && echo > a/b/f` in one go), and
+// inotify never reports what was there before. An entry created while its
+// directory is being added can therefore be reported twice, never not at all.
+func (w *watcher) add(dir string, found func(path string)) error {
 	wd, err := unix.InotifyAddWatch(w.fd, dir, watchMask)
 	if err != nil {
 		return err
@@ -40,8 +46,12 @@ func (w *watcher) add(dir string) error {
 		return nil
 	}
 	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if found != nil {
+			found(p)
+		}
 		if e.IsDir() { // DirEntry type: symlinked directories are not followed
-			_ = w.add(filepath.Join(dir, e.Name()))
+			_ = w.add(p, found)
 		}
 	}
 	return nil
@@ -73,7 +83,7 @@ func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
 	}
 	wt := &watcher{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, recursive: q.Get("recursive") == "1", dirs: map[int]string{}}
 	defer wt.f.Close()
-	if err := wt.add(path); err != nil {
+	if err := wt.add(path, nil); err != nil {
 		writeError(w, osError(&os.PathError{Op: "watch", Path: path, Err: err}))
 		return
 	}
@@ -112,15 +122,19 @@ func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
 			if name != "" {
 				p = filepath.Join(dir, name)
 			}
+			if typ := watchType(ev.Mask); typ != "" {
+				if err := enc.Encode(agentproto.WatchEvent{Type: typ, Path: p, Time: now}); err != nil {
+					return
+				}
+			}
 			if wt.recursive && ev.Mask&unix.IN_ISDIR != 0 && ev.Mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 {
-				_ = wt.add(p)
-			}
-			typ := watchType(ev.Mask)
-			if typ == "" {
-				continue
-			}
-			if err := enc.Encode(agentproto.WatchEvent{Type: typ, Path: p, Time: now}); err != nil {
-				return
+				var found []string
+				_ = wt.add(p, func(q string) { found = append(found, q) })
+				for _, q := range found {
+					if err := enc.Encode(agentproto.WatchEvent{Type: "create", Path: q, Time: now}); err != nil {
+						return
+					}
+				}
 			}
 		}
 		if rc.Flush() != nil {

@@ -224,13 +224,35 @@ func TestWatch(t *testing.T) {
 	if err := os.Mkdir(sub, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	expect("create", sub)
-	time.Sleep(50 * time.Millisecond) // the agent adds the new directory's watch
+	// A file written right after its directory is reported, even when it
+	// lands before the agent has the new directory's watch in place.
 	g := filepath.Join(sub, "b.txt")
 	if err := os.WriteFile(g, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	expect("create", sub)
 	expect("create", g)
+	// So is everything in a tree moved in whole (it existed before any
+	// watch could see it being made).
+	tree := filepath.Join(h.home, "tree")
+	if err := os.MkdirAll(filepath.Join(tree, "deep"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tree, "deep", "y.txt"), []byte("y"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	moved := filepath.Join(dir, "tree")
+	if err := os.Rename(tree, moved); err != nil {
+		t.Fatal(err)
+	}
+	expect("create", moved)
+	expect("create", filepath.Join(moved, "deep"))
+	expect("create", filepath.Join(moved, "deep", "y.txt"))
+	y := filepath.Join(moved, "deep", "y.txt")
+	if err := os.WriteFile(y, []byte("yy"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	expect("write", y) // and it is watched from then on
 	if err := os.Rename(f, filepath.Join(dir, "c.txt")); err != nil {
 		t.Fatal(err)
 	}
