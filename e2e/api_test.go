@@ -271,6 +271,13 @@ func testExecLargeAndBinaryOutput(t *testing.T, drv string) {
 	if !bytes.Equal(got, []byte{0xff, 0xfe, 0, 1}) {
 		t.Errorf("binary output: %+v", r)
 	}
+	// So is valid UTF-8 that is mostly control bytes (as in SSE events):
+	// JSON would escape each as six bytes.
+	var rz execResult
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"printf", `a\000\000\000\001`}}, &rz)
+	if got, _ := base64.StdEncoding.DecodeString(rz.StdoutB64); rz.Stdout != "" || !bytes.Equal(got, []byte("a\x00\x00\x00\x01")) {
+		t.Errorf("control-heavy output: %+v", rz)
+	}
 	resp = s.stream("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": []string{"printf", `\377\376`}}, nil)
 	sawB64 := false
 	readSSE(t, resp.Body, func(e sseEvent) bool {

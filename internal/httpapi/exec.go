@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -138,7 +137,7 @@ func (a *API) collect(w http.ResponseWriter, r *http.Request, pid int, ev sandbo
 		}
 	}
 	setText := func(b []byte, text, b64 *string) {
-		if utf8.Valid(b) {
+		if textual(b) { // as the SSE exec decides per chunk
 			*text = string(b)
 		} else {
 			*b64 = base64.StdEncoding.EncodeToString(b)

@@ -121,3 +121,19 @@ func appendJSONText(dst, s []byte) ([]byte, bool) {
 	}
 	return append(dst, s[run:]...), true
 }
+
+// textual reports whether data goes out as JSON text rather than base64
+// (the rule appendOutputEvent applies to each chunk): valid UTF-8 and at
+// most a quarter control bytes other than tab, CR, LF and ESC.
+func textual(data []byte) bool {
+	if !utf8.Valid(data) {
+		return false
+	}
+	ctl := 0
+	for _, c := range data {
+		if c < 0x20 && c != '\t' && c != '\r' && c != '\n' && c != 0x1b {
+			ctl++
+		}
+	}
+	return ctl <= len(data)/4
+}

@@ -81,6 +81,10 @@ func TestAppendOutputEventMatchesEncodingJSON(t *testing.T) {
 			if d.Data != nil && *d.Data != string(data) || d.Data == nil && !bytes.Equal(d.DataB64, data) {
 				t.Fatalf("case %d does not round-trip: %q", i, line)
 			}
+			// The JSON exec (collect) classifies whole outputs by the same rule.
+			if textual(data) != (d.Data != nil) {
+				t.Fatalf("case %d %q: textual %v, but the SSE event chose text=%v", i, data, textual(data), d.Data != nil)
+			}
 		}
 	}
 }
