@@ -39,27 +39,35 @@ func chunkCount(t *testing.T, root string) int {
 	return n
 }
 
+// historyService is a Service on a real store and chunk store in a
+// temporary directory, with snapshots on and the default retention.
+func historyService(t *testing.T) (*store.Store, *snapshot.Store, *Service) {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(context.Background(), filepath.Join(dir, "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	cs, err := snapshot.New(filepath.Join(dir, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	svc := New(Config{DataDir: dir}, st, nil, slog.New(slog.DiscardHandler), nil)
+	svc.SetSnapshots(Snapshots{Store: cs, Interval: -1, Retention: snapshot.DefaultPolicy()})
+	return st, cs, svc
+}
+
 // TestRetention runs the rolling history's retention over a week of
 // snapshots on an injected clock, with a real store and chunk store: the
 // thinning keeps exactly the expected set and GC frees the chunks of what
 // it dropped.
 func TestRetention(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	st, err := store.Open(ctx, filepath.Join(dir, "space.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	cs, err := snapshot.New(filepath.Join(dir, "snapshots"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
+	st, cs, svc := historyService(t)
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	svc := New(Config{DataDir: dir}, st, nil, slog.New(slog.DiscardHandler), nil)
 	svc.now = func() time.Time { return now }
-	svc.SetSnapshots(Snapshots{Store: cs, Interval: -1, Retention: snapshot.DefaultPolicy()})
 
 	// One snapshot every 30 minutes for 8 days, plus a named one 3 days ago.
 	var all []store.Snapshot
@@ -133,21 +141,9 @@ func TestRetention(t *testing.T) {
 // nothing older, while the server keeps a week for others.
 func TestRetentionPerSandbox(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	st, err := store.Open(ctx, filepath.Join(dir, "space.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	cs, err := snapshot.New(filepath.Join(dir, "snapshots"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
+	st, cs, svc := historyService(t)
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	svc := New(Config{DataDir: dir}, st, nil, slog.New(slog.DiscardHandler), nil)
 	svc.now = func() time.Time { return now }
-	svc.SetSnapshots(Snapshots{Store: cs, Interval: -1, Retention: snapshot.DefaultPolicy()})
 	if err := st.CreateSandbox(ctx, store.Sandbox{ID: "sb-short", Team: "t", State: StateStopped, RetentionDays: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -181,19 +177,7 @@ func TestRetentionPerSandbox(t *testing.T) {
 // Recover, which returns before the server answers its first request.
 func TestRecoverFailsInterruptedSnapshots(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	st, err := store.Open(ctx, filepath.Join(dir, "space.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	cs, err := snapshot.New(filepath.Join(dir, "snapshots"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
-	svc := New(Config{DataDir: dir}, st, nil, slog.New(slog.DiscardHandler), nil)
-	svc.SetSnapshots(Snapshots{Store: cs, Interval: -1, Retention: snapshot.DefaultPolicy()})
+	st, cs, svc := historyService(t)
 	now := time.Now().UTC()
 	for _, sn := range []store.Snapshot{
 		{ID: "snap-done", SandboxID: "sb-test", Team: "t", Kind: KindFiles, Status: store.SnapshotReady, CreatedAt: now},
