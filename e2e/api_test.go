@@ -322,6 +322,51 @@ func testExecLargeAndBinaryOutput(t *testing.T, drv string) {
 	}
 }
 
+// A sandbox that runs many commands with large output keeps running: the
+// agent retains the output of exited processes within one budget, not
+// 8 MiB for each of the last 256 (which filled a small sandbox's memory
+// and the sandbox was stopped for OOM after a dozen such commands).
+func TestManyLargeOutputs(t *testing.T) {
+	s := sharedServer(t)
+	id := s.createOn(t, "gvisor", map[string]any{"memory_mb": 128})
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	for i := range 30 {
+		var bg struct{ PID int }
+		if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{
+			"cmd": []string{"head", "-c", "8388608", "/dev/zero"}, "background": true,
+		}, &bg); code != 202 {
+			t.Fatalf("command %d: %d", i, code)
+		}
+		deadline := time.Now().Add(60 * time.Second)
+		for running := true; running; {
+			var ps struct {
+				Processes []struct {
+					PID     int  `json:"pid"`
+					Running bool `json:"running"`
+				}
+			}
+			if code := s.do("GET", "/v1/sandboxes/"+id+"/processes", s.key, nil, &ps); code != 200 {
+				t.Fatalf("after %d commands: list processes %d", i, code)
+			}
+			running = false
+			for _, p := range ps.Processes {
+				running = running || (p.PID == bg.PID && p.Running)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("command %d still running", i)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	var sb sandboxView
+	if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 || sb.State != "running" {
+		t.Fatalf("after 30 commands with 8 MiB of output each: %d %+v", code, sb)
+	}
+	if r := s.sh(id, "echo alive"); r.Stdout != "alive\n" {
+		t.Fatalf("exec after: %+v", r)
+	}
+}
+
 func TestBackgroundReattachStdinSignal(t *testing.T) {
 	forEachDriver(t, testBackgroundReattachStdinSignal)
 }

@@ -29,6 +29,12 @@ type Options struct {
 	Home string
 	// MaxOutput is the retained output per process (8 MiB when 0).
 	MaxOutput int
+	// MaxExitedOutput bounds the output retained by all exited processes
+	// together (2 × MaxOutput when 0): the newest exits keep theirs, older
+	// ones keep only their exit. Without it every exited process would keep
+	// MaxOutput, and a few commands with large output would exhaust a small
+	// sandbox's memory.
+	MaxExitedOutput int
 	// ReapAll makes the agent reap every child, orphans included (set it
 	// when the agent is PID 1; Run does).
 	ReapAll bool
@@ -62,6 +68,9 @@ func New(opts Options) *Agent {
 	}
 	if opts.MaxOutput <= 0 {
 		opts.MaxOutput = 8 << 20
+	}
+	if opts.MaxExitedOutput <= 0 {
+		opts.MaxExitedOutput = 2 * opts.MaxOutput
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

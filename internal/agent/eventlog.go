@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -72,6 +73,34 @@ func (l *eventLog) append(ev agentproto.Event) {
 	}
 	l.broadcastLocked()
 	l.mu.Unlock()
+}
+
+// size returns the bytes the log retains.
+func (l *eventLog) size() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.bytes
+}
+
+// trim drops the oldest events until the log retains at most max bytes,
+// keeping the newest event (an exited process's exit) and every event an
+// attached subscriber has not yet taken. A later reader gets a truncated
+// event in their place, as when output outgrows the limit.
+func (l *eventLog) trim(max int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	dropped := false
+	for len(l.events) > 1 && l.bytes > max && !l.neededLocked(l.events[0].Seq) {
+		l.bytes -= evSize(&l.events[0])
+		l.events[0] = agentproto.Event{}
+		l.events = l.events[1:]
+		l.first++
+		dropped = true
+	}
+	if dropped {
+		l.events = slices.Clip(l.events) // let append reallocate, releasing the old array
+		l.broadcastLocked()
+	}
 }
 
 // neededLocked reports whether some subscriber has not yet taken seq.

@@ -94,6 +94,37 @@ func TestEventLogBackpressure(t *testing.T) {
 	}
 }
 
+func TestEventLogTrim(t *testing.T) {
+	l := newEventLog(1 << 20)
+	for range 10 {
+		l.append(data(1000))
+	}
+	// A subscriber that has taken nothing yet holds everything.
+	s := l.subscribe(1)
+	l.trim(0)
+	if l.first != 1 || l.size() != 10*evSize(&l.events[0]) {
+		t.Fatalf("trimmed under a subscriber: first %d bytes %d", l.first, l.size())
+	}
+	s.close()
+	l.append(agentproto.Event{Type: agentproto.EventExit})
+	exit := l.events[len(l.events)-1]
+	l.trim(3 * evSize(&l.events[0]))
+	if l.size() > 3*(1000+eventOverhead) || l.first != 9 {
+		t.Fatalf("trim to 3 events: bytes %d first %d", l.size(), l.first)
+	}
+	// Trimming to nothing keeps the exit, after a truncated event.
+	l.trim(0)
+	if len(l.events) != 1 || l.events[0].Seq != exit.Seq || l.events[0].Type != agentproto.EventExit {
+		t.Fatalf("trim to 0 kept %+v", l.events)
+	}
+	s = l.subscribe(1)
+	defer s.close()
+	batch, last, err := s.next(context.Background(), false, nil)
+	if err != nil || !last || len(batch) != 2 || batch[0].Type != agentproto.EventTruncated || batch[1].Type != agentproto.EventExit {
+		t.Fatalf("read after trim: %+v last %v err %v", batch, last, err)
+	}
+}
+
 func TestResolve(t *testing.T) {
 	a := &Agent{opts: Options{Home: "/home/user"}}
 	for in, want := range map[string]string{

@@ -254,6 +254,7 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 		p.stdinMu.Unlock()
 		p.log.append(ev)
 		close(p.done)
+		a.trimExitedOutput()
 	}()
 	return p, nil
 }
@@ -355,6 +356,26 @@ func (a *Agent) pruneLocked() {
 	slices.SortFunc(exited, func(x, y *process) int { return x.snapshot().ExitedAt.Compare(*y.snapshot().ExitedAt) })
 	for _, p := range exited[:len(exited)-keepExited] {
 		delete(a.procs, p.pid)
+	}
+}
+
+// trimExitedOutput keeps the output retained by exited processes within
+// MaxExitedOutput: the most recent exits keep theirs, older ones are cut
+// down to what remains of the budget (at least their exit event).
+func (a *Agent) trimExitedOutput() {
+	a.mu.Lock()
+	var exited []*process
+	for _, p := range a.procs {
+		if info := p.snapshot(); !info.Running && info.ExitedAt != nil {
+			exited = append(exited, p)
+		}
+	}
+	a.mu.Unlock()
+	slices.SortFunc(exited, func(x, y *process) int { return y.snapshot().ExitedAt.Compare(*x.snapshot().ExitedAt) })
+	left := a.opts.MaxExitedOutput
+	for _, p := range exited {
+		p.log.trim(left)
+		left = max(0, left-p.log.size())
 	}
 }
 

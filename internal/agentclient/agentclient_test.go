@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/hashicorp/yamux"
 	"io"
 	"log/slog"
 	"net"
@@ -352,6 +353,52 @@ func TestBackgroundReattach(t *testing.T) {
 	}
 }
 
+// Exited processes together keep at most MaxExitedOutput: the newest exits
+// keep their output, older ones what is left of the budget and at least
+// their exit (so a sandbox that runs many
+// commands with large output does not fill its memory with old output).
+func TestExitedOutputBudget(t *testing.T) {
+	const limit, budget = 64 << 10, 128 << 10
+	h := newHarness(t, agent.Options{MaxOutput: limit, MaxExitedOutput: budget})
+	var pids []int
+	for i := range 6 {
+		pid, err := h.c.Start(t.Context(), agentproto.StartRequest{Cmd: []string{"sh", "-c", fmt.Sprintf("head -c 100000 /dev/zero; echo END%d", i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitExited(t, h, pid)
+		pids = append(pids, pid)
+	}
+	// The budget is applied right after each exit is recorded; wait for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		total, results := 0, make([]result, len(pids))
+		for i, pid := range pids {
+			results[i] = collect(t, h, pid, 1, false)
+			total += len(results[i].stdout)
+		}
+		if total <= budget {
+			for i, r := range results {
+				if r.code() != 0 {
+					t.Fatalf("process %d lost its exit: %+v", i, r.exit)
+				}
+				newest := i >= len(pids)-2
+				if newest && (len(r.stdout) < limit/2 || !bytes.HasSuffix(r.stdout, fmt.Appendf(nil, "END%d\n", i))) {
+					t.Fatalf("newest process %d kept %d bytes", i, len(r.stdout))
+				}
+				if i == 0 && (len(r.stdout) > limit/4 || r.events[0].Type != agentproto.EventTruncated) {
+					t.Fatalf("oldest process kept %d bytes, first event %+v", len(r.stdout), r.events[0])
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exited processes retain %d bytes, budget %d", total, budget)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // A reader that goes away must not stall the process (its backpressure is
 // released with the subscriber).
 func TestDetachReleasesProcess(t *testing.T) {
@@ -515,6 +562,38 @@ func TestReconnect(t *testing.T) {
 		t.Fatalf("next after session death: %v", err)
 	}
 	es.Close()
+}
+
+// An agent that takes requests and never answers fails unary calls with a
+// deadline error instead of holding them forever.
+func TestUnaryCallTimeout(t *testing.T) {
+	old := agentclient.UnaryTimeout
+	agentclient.UnaryTimeout = 100 * time.Millisecond
+	t.Cleanup(func() { agentclient.UnaryTimeout = old })
+	hostEnd, agentEnd := net.Pipe()
+	sess, err := yamux.Server(agentEnd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	go func() {
+		for { // accept every stream and say nothing
+			if _, err := sess.Accept(); err != nil {
+				return
+			}
+		}
+	}()
+	c := agentclient.New(func(context.Context) (net.Conn, error) { return hostEnd, nil }, slog.New(slog.DiscardHandler))
+	defer c.Close()
+	if _, err := c.Processes(context.Background()); !errors.Is(err, errdefs.ErrDeadline) {
+		t.Fatalf("processes from a silent agent: %v", err)
+	}
+	// A caller's own deadline is kept (and reported the same way).
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := c.Stat(ctx, "/"); !errors.Is(err, errdefs.ErrDeadline) {
+		t.Fatalf("stat with a deadline: %v", err)
+	}
 }
 
 // TestAgentBinary builds the static agent, runs it in --listen mode and

@@ -315,8 +315,19 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, error) {
 	}
 }
 
+// UnaryTimeout bounds a call that streams no request body when its context
+// has no deadline of its own: an agent that stopped answering (a sandbox
+// thrashing at its memory limit, say) must not hold an API request, and the
+// goroutine serving it, forever. A variable so tests can shorten it.
+var UnaryTimeout = time.Minute
+
 // call does req and decodes a JSON response into out (if non-nil).
 func (c *Client) call(ctx context.Context, req request, out any) error {
+	if _, ok := ctx.Deadline(); !ok && req.body == nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, UnaryTimeout)
+		defer cancel()
+	}
 	resp, err := c.do(ctx, req)
 	if err != nil {
 		return err
