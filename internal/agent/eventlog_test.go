@@ -94,6 +94,79 @@ func TestEventLogBackpressure(t *testing.T) {
 	}
 }
 
+// A long stream reuses the chunks of events it has dropped, but never one
+// a subscriber is still writing; an exited process's short output is
+// copied out of its chunk.
+func TestEventLogRecyclesChunks(t *testing.T) {
+	const size = readChunkMin
+	l := newEventLog(2 * (size + eventOverhead))
+	chunks := map[*chunk]bool{}
+	appendRead := func(fill byte) []byte {
+		c := l.newChunk(size)
+		chunks[c] = true
+		for i := range c.buf {
+			c.buf[i] = fill
+		}
+		l.appendIn(agentproto.Event{Type: agentproto.EventStdout, Data: c.buf}, c)
+		l.doneWith(c)
+		return c.buf
+	}
+	for range 10 {
+		appendRead(1)
+	}
+	if len(chunks) > 2+maxFree {
+		t.Fatalf("10 reads through a 2-event log used %d chunks", len(chunks))
+	}
+
+	s := l.subscribe(l.next)
+	defer s.close()
+	held := appendRead(7)
+	batch, _, err := s.next(context.Background(), true, nil)
+	if err != nil || len(batch) != 1 || &batch[0].Data[0] != &held[0] {
+		t.Fatalf("batch %d events, err %v", len(batch), err)
+	}
+	appended := make(chan struct{})
+	go func() {
+		for range 3 { // the third must drop the held event
+			appendRead(9)
+		}
+		close(appended)
+	}()
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case <-appended:
+		t.Fatal("the log dropped an event its subscriber was still writing")
+	default:
+	}
+	for _, c := range held {
+		if c != 7 {
+			t.Fatal("a held event's chunk was reused")
+		}
+	}
+	// Asking for more releases the batch, and the writer goes on.
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-appended; cancel() }()
+	for {
+		if _, _, err := s.next(ctx, true, nil); err != nil {
+			if ctx.Err() == nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+
+	// Exit: a short output no longer pins its chunk.
+	l2 := newEventLog(1 << 20)
+	c := l2.newChunk(size)
+	copy(c.buf, "hi\n")
+	l2.appendIn(agentproto.Event{Type: agentproto.EventStdout, Data: c.buf[:3:3]}, c)
+	l2.doneWith(c)
+	l2.append(agentproto.Event{Type: agentproto.EventExit})
+	if d := l2.events[0].Data; string(d) != "hi\n" || cap(d) != 3 || l2.chunks[0] != nil {
+		t.Fatalf("after exit: %q (cap %d), chunk %v", d, cap(d), l2.chunks[0])
+	}
+}
+
 func TestEventLogTrim(t *testing.T) {
 	l := newEventLog(1 << 20)
 	for range 10 {

@@ -269,27 +269,36 @@ func growPipe(f *os.File) {
 	}
 }
 
-// pump copies one output stream into the log, one event per read. After
-// the process exited and the grace deadline passed it keeps draining what
-// is immediately readable and gives up at the first empty read, so an
-// orphan holding the pipe cannot delay the exit event forever.
+// pump copies one output stream into the log, one event per read, each
+// read going into the rest of the current chunk. After the process exited
+// and the grace deadline passed it keeps draining what is immediately
+// readable and gives up at the first empty read, so an orphan holding the
+// pipe cannot delay the exit event forever.
 func pump(r *os.File, kind string, log *eventLog) {
 	// A chunk is at most a quarter of what the log retains, so the newest
 	// output (a final line) never sits in one event too big to keep.
+	// Chunks start small and double while single reads fill them.
 	maxSize := min(readChunkMax, max(4<<10, log.limit/4))
 	size := min(readChunkMin, maxSize)
-	buf := make([]byte, size)
+	var c *chunk
+	off := 0
+	defer func() { log.doneWith(c) }()
 	draining := false
 	var raw syscall.RawConn
 	for {
+		if c == nil || len(c.buf)-off < len(c.buf)/4 {
+			log.doneWith(c)
+			c, off = log.newChunk(size), 0
+		}
+		space := c.buf[off:]
 		var n int
 		var err error
 		if !draining {
-			n, err = r.Read(buf)
+			n, err = r.Read(space)
 		} else {
 			rerr := raw.Read(func(fd uintptr) bool {
 				for {
-					n, err = unix.Read(int(fd), buf)
+					n, err = unix.Read(int(fd), space)
 					if err != unix.EINTR {
 						return true
 					}
@@ -300,20 +309,11 @@ func pump(r *os.File, kind string, log *eventLog) {
 			}
 		}
 		if n > 0 {
-			var data []byte
-			switch {
-			case n < size/4:
-				data = append([]byte(nil), buf[:n]...) // don't retain a mostly empty buffer
-			default:
-				// The event keeps the buffer; the next read gets a new
-				// one, twice as large when this read filled it.
-				data = buf[:n]
-				if n == size && size < maxSize {
-					size = min(2*size, maxSize)
-				}
-				buf = make([]byte, size)
+			if n == len(space) && size < maxSize {
+				size = min(2*size, maxSize) // the next chunk takes more at once
 			}
-			log.append(agentproto.Event{Type: kind, Data: data})
+			off += n
+			log.appendIn(agentproto.Event{Type: kind, Data: space[:n:n]}, c)
 		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) && !draining {
