@@ -319,6 +319,45 @@ func TestLargeOutputLossless(t *testing.T) {
 	}
 }
 
+// A reader that hands each event's data back (Recycle) gets every byte
+// intact while the stream reads later frames into the same few buffers.
+func TestRecycledStreamLossless(t *testing.T) {
+	h := newHarness(t, agent.Options{})
+	const size = 20 << 20
+	want := bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstuvwxyz\n"), size/37+1)[:size]
+	_, es, err := h.c.Run(t.Context(), agentproto.StartRequest{Cmd: []string{"sh", "-c", fmt.Sprintf("yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c %d", size)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer es.Close()
+	sum := sha256.New()
+	n, frames := 0, 0
+	buffers := map[*byte]bool{}
+	for {
+		ev, err := es.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Type == agentproto.EventStdout {
+			sum.Write(ev.Data)
+			n += len(ev.Data)
+			frames++
+			buffers[&ev.Data[:1][0]] = true
+			clear(ev.Data) // a stream that reused this buffer early would now deliver zeros
+			es.Recycle(ev.Data)
+		}
+	}
+	if wantSum := sha256.Sum256(want); n != size || !bytes.Equal(sum.Sum(nil), wantSum[:]) {
+		t.Fatalf("got %d bytes, want %d (content differs)", n, size)
+	}
+	if frames > 8 && len(buffers) > frames/2 {
+		t.Fatalf("%d frames used %d buffers: nothing was reused", frames, len(buffers))
+	}
+}
+
 func TestBackgroundReattach(t *testing.T) {
 	h := newHarness(t, agent.Options{MaxOutput: 256 << 10})
 	pid, err := h.c.Start(t.Context(), agentproto.StartRequest{Shell: "for i in 1 2 3 4 5; do echo line$i; sleep 0.01; done"})
@@ -805,6 +844,7 @@ func BenchmarkStdout(b *testing.B) {
 				b.Fatal(err)
 			}
 			n += len(ev.Data)
+			es.Recycle(ev.Data)
 		}
 		es.Close()
 		if n != size {

@@ -93,7 +93,7 @@ func (c *Client) Events(ctx context.Context, pid int, from uint64, follow bool) 
 // binary frames, or NDJSON from an agent that does not know them.
 func newEventStream(ctx context.Context, resp *http.Response, follow bool) *EventStream {
 	br := bufio.NewReaderSize(resp.Body, 256<<10)
-	s := &EventStream{ctx: ctx, body: resp.Body, follow: follow}
+	s := &EventStream{ctx: ctx, body: resp.Body, follow: follow, free: make(chan []byte, 4)}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), agentproto.EventFramesType) {
 		s.frames = br
 	} else {
@@ -111,6 +111,20 @@ type EventStream struct {
 	follow bool
 	exited bool
 	once   sync.Once
+	free   chan []byte // output buffers handed back by Recycle
+}
+
+// Recycle hands back the Data of an event this stream returned, once the
+// caller is done with it: later output frames are read into it instead of
+// a new buffer. Optional; a caller that keeps Data simply does not call it.
+func (s *EventStream) Recycle(b []byte) {
+	if cap(b) == 0 {
+		return
+	}
+	select {
+	case s.free <- b:
+	default: // enough kept; let this one go
+	}
 }
 
 // Next returns the next event, io.EOF after the last one. A stream cut
@@ -123,7 +137,12 @@ func (s *EventStream) Next() (agentproto.Event, error) {
 	}
 	var err error
 	if s.frames != nil {
-		ev, err = agentproto.ReadEventFrame(s.frames)
+		var buf []byte
+		select {
+		case buf = <-s.free:
+		default:
+		}
+		ev, err = agentproto.ReadEventFrameInto(s.frames, buf)
 	} else {
 		err = s.dec.Decode(&ev)
 	}

@@ -64,6 +64,13 @@ func WriteEventFrame(w io.Writer, ev *Event) error {
 // ReadEventFrame reads one frame into an Event. It returns io.EOF only at
 // a frame boundary; a cut frame is io.ErrUnexpectedEOF.
 func ReadEventFrame(r *bufio.Reader) (Event, error) {
+	return ReadEventFrameInto(r, nil)
+}
+
+// ReadEventFrameInto is ReadEventFrame reading the payload into buf when
+// it is large enough (a new buffer otherwise), so a reader that gets its
+// buffers back can stream without an allocation per frame.
+func ReadEventFrameInto(r *bufio.Reader, buf []byte) (Event, error) {
 	var ev Event
 	var hdr [frameHeader]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
@@ -73,7 +80,10 @@ func ReadEventFrame(r *bufio.Reader) (Event, error) {
 	if n > MaxFrame {
 		return ev, fmt.Errorf("agentproto: event frame of %d bytes", n)
 	}
-	payload := make([]byte, n)
+	if uint32(cap(buf)) < n {
+		buf = make([]byte, n)
+	}
+	payload := buf[:n:n]
 	if _, err := io.ReadFull(r, payload); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF

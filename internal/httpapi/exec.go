@@ -126,9 +126,11 @@ func (a *API) collect(w http.ResponseWriter, r *http.Request, pid int, ev sandbo
 			}
 			if buf.Len()+len(e.Data) > maxBuffered {
 				res.Truncated = true
+				ev.Recycle(e.Data)
 				continue
 			}
 			buf.Write(e.Data)
+			ev.Recycle(e.Data)
 		case agentproto.EventExit:
 			if e.ExitCode != nil {
 				res.ExitCode = *e.ExitCode
@@ -216,6 +218,7 @@ func (a *API) writeSSE(w http.ResponseWriter, r *http.Request, ev sandbox.EventS
 					return
 				}
 				out = appendEvent(out, it.e)
+				ev.Recycle(it.e.Data) // encoded into out: the stream may reuse it
 				if len(out) >= 256<<10 {
 					break
 				}

@@ -123,6 +123,10 @@ func (s *Service) started(sb store.Sandbox, pid int, req ExecRequest, start time
 type EventStream interface {
 	// Next returns the next event, io.EOF after the last.
 	Next() (agentproto.Event, error)
+	// Recycle hands back an event's Data once the caller is done with it,
+	// so later output is read into it (optional: a caller that keeps Data
+	// does not call it).
+	Recycle([]byte)
 	Close() error
 }
 
