@@ -31,7 +31,8 @@ type Options struct {
 	MaxOutput int
 	// MaxExitedOutput bounds the output retained by all exited processes
 	// together (2 × MaxOutput when 0): the newest exits keep theirs, older
-	// ones keep only their exit. Without it every exited process would keep
+	// ones what is left of it, and at least their exit event. Without it
+	// every exited process would keep
 	// MaxOutput, and a few commands with large output would exhaust a small
 	// sandbox's memory.
 	MaxExitedOutput int

@@ -83,7 +83,7 @@ func ReadEventFrameInto(r *bufio.Reader, buf []byte) (Event, error) {
 	if uint32(cap(buf)) < n {
 		buf = make([]byte, n)
 	}
-	payload := buf[:n:n]
+	payload := buf[:n] // its capacity goes back with it when recycled
 	if _, err := io.ReadFull(r, payload); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
