@@ -32,9 +32,8 @@ type Options struct {
 	// MaxExitedOutput bounds the output retained by all exited processes
 	// together (2 × MaxOutput when 0): the newest exits keep theirs, older
 	// ones what is left of it, and at least their exit event. Without it
-	// every exited process would keep
-	// MaxOutput, and a few commands with large output would exhaust a small
-	// sandbox's memory.
+	// every exited process would keep MaxOutput, and a few commands with
+	// large output would exhaust a small sandbox's memory.
 	MaxExitedOutput int
 	// ReapAll makes the agent reap every child, orphans included (set it
 	// when the agent is PID 1; Run does).
