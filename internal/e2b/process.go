@@ -171,6 +171,7 @@ func (p *processServer) stream(ctx context.Context, t envdTarget, pid int, isPTY
 			if err := send(ev); err != nil {
 				return err
 			}
+			evs.Recycle(it.v.Data) // Send marshaled it: the stream may reuse it
 			if it.v.Type == agentproto.EventExit {
 				return nil
 			}
