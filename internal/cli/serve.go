@@ -46,6 +46,7 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "e2b-listen", env: "SPACE_E2B_LISTEN", usage: "address of the E2B-compatible API (control plane and envd on one port; off by default)", str: &cfg.E2BListen}, // E2B facade (internal/e2b)
 		{name: "debug-listen", env: "SPACE_DEBUG_LISTEN", usage: "loopback address serving Go pprof profiles under /debug/pprof/ (off by default)", str: &cfg.DebugListen},
 		{name: "checkpoint-on-pause", env: "SPACE_CHECKPOINT_ON_PAUSE", usage: "record a checkpoint in the timeline on every pause: on|off (default on)", str: &cfg.CheckpointOnPause},
+		{name: "qemu-cgroups", env: "SPACE_QEMU_CGROUPS", usage: "put each QEMU VM in its own cgroup (CPU, memory, pids limits): on|off (default on; off only for hosts without a cgroup filesystem)", str: &cfg.QEMUCgroups},
 	}
 	cmd := &cobra.Command{
 		Use:   "serve [flags]",
@@ -62,6 +63,9 @@ func (a *app) serveCommand() *cobra.Command {
 				return err
 			}
 			cfg.Defaults()
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return server.Run(ctx, cfg)

@@ -40,6 +40,10 @@ type Config struct {
 	SnapshotIntervalS int    // --snapshot-interval: automatic files snapshots (default 300; -1 off)
 	RetentionDays     int    // --retention-days (default 7)
 	CheckpointOnPause string // --checkpoint-on-pause: on|off (default on)
+	// QEMUCgroups is --qemu-cgroups: on|off (default on). Off runs QEMU VMs
+	// without cgroups of their own (no CPU quota, memory or pids limit
+	// beyond QEMU's -smp/-m), for hosts with no cgroup filesystem.
+	QEMUCgroups string
 	// Egress operator options, all off by default (defaults stay strict).
 	EgressHosts     string // --egress-hosts: "name=ip[,name=ip]" names the proxy resolves itself
 	EgressAllowCIDR string // --egress-allow-cidr: "10.0.0.0/8[,…]" private ranges the proxy may reach
@@ -95,11 +99,28 @@ func (c *Config) Defaults() {
 	if c.CheckpointOnPause == "" {
 		c.CheckpointOnPause = "on"
 	}
+	if c.QEMUCgroups == "" {
+		c.QEMUCgroups = "on"
+	}
 	if c.AgentPath == "" {
 		if exe, err := os.Executable(); err == nil {
 			c.AgentPath = filepath.Join(filepath.Dir(exe), "space-agent")
 		}
 	}
+}
+
+// Validate checks the settings Defaults cannot fill in: the on|off
+// switches take exactly on or off (a typo must not silently pick one).
+func (c *Config) Validate() error {
+	for _, f := range []struct{ flag, v string }{
+		{"--checkpoint-on-pause", c.CheckpointOnPause},
+		{"--qemu-cgroups", c.QEMUCgroups},
+	} {
+		if f.v != "on" && f.v != "off" {
+			return fmt.Errorf("%s %q: want on or off", f.flag, f.v)
+		}
+	}
+	return nil
 }
 
 // Files a running server leaves in its data dir for local clients.

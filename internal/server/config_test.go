@@ -43,3 +43,23 @@ func TestParsePoolDrivers(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateOnOff(t *testing.T) {
+	var c Config
+	c.Defaults()
+	if err := c.Validate(); err != nil || c.QEMUCgroups != "on" || c.CheckpointOnPause != "on" {
+		t.Fatalf("defaults: %v (%q, %q)", err, c.QEMUCgroups, c.CheckpointOnPause)
+	}
+	c.QEMUCgroups, c.CheckpointOnPause = "off", "off"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.QEMUCgroups = "of"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--qemu-cgroups") {
+		t.Fatalf("typo accepted: %v", err)
+	}
+	c.QEMUCgroups, c.CheckpointOnPause = "on", "yes"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--checkpoint-on-pause") {
+		t.Fatalf("typo accepted: %v", err)
+	}
+}

@@ -83,7 +83,7 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			drivers = append(drivers, d)
 		case qemu.Name:
-			d, err := qemu.New(ctx, qemu.Config{CacheDir: filepath.Join(cfg.CacheDir, "vm"), Log: log})
+			d, err := qemu.New(ctx, qemu.Config{CacheDir: filepath.Join(cfg.CacheDir, "vm"), NoCgroups: cfg.QEMUCgroups == "off", Log: log})
 			if err != nil {
 				return err
 			}

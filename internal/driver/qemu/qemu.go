@@ -122,7 +122,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	}
 	if !cfg.NoCgroups {
 		if _, err := os.Stat(cgroup.Root); err != nil {
-			return nil, errdefs.Unavailable("qemu: no cgroup filesystem at %s to put VMs in (run as root on a host with cgroups, or set NoCgroups)", cgroup.Root)
+			return nil, errdefs.Unavailable("qemu: no cgroup filesystem at %s to put VMs in (run as root on a host with cgroups, or start the server with --qemu-cgroups off: VMs then have no cgroup limits)", cgroup.Root)
 		}
 		if cfg.GroupCPUShares == 0 {
 			cfg.GroupCPUShares = cgroup.DefaultParentShares
