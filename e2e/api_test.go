@@ -337,8 +337,7 @@ func TestManyLargeOutputs(t *testing.T) {
 		}, &bg); code != 202 {
 			t.Fatalf("command %d: %d", i, code)
 		}
-		deadline := time.Now().Add(60 * time.Second)
-		for running := true; running; {
+		waitFor(t, fmt.Sprintf("command %d to exit", i), 60*time.Second, func() bool {
 			var ps struct {
 				Processes []struct {
 					PID     int  `json:"pid"`
@@ -348,15 +347,13 @@ func TestManyLargeOutputs(t *testing.T) {
 			if code := s.do("GET", "/v1/sandboxes/"+id+"/processes", s.key, nil, &ps); code != 200 {
 				t.Fatalf("after %d commands: list processes %d", i, code)
 			}
-			running = false
 			for _, p := range ps.Processes {
-				running = running || (p.PID == bg.PID && p.Running)
+				if p.PID == bg.PID && p.Running {
+					return false
+				}
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("command %d still running", i)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return true
+		})
 	}
 	var sb sandboxView
 	if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 || sb.State != "running" {

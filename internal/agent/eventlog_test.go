@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -125,34 +126,34 @@ func TestEventLogRecyclesChunks(t *testing.T) {
 	if err != nil || len(batch) != 1 || &batch[0].Data[0] != &held[0] {
 		t.Fatalf("batch %d events, err %v", len(batch), err)
 	}
-	appended := make(chan struct{})
-	go func() {
-		for range 3 { // the third must drop the held event
-			appendRead(9)
-		}
-		close(appended)
-	}()
-	time.Sleep(50 * time.Millisecond)
-	select {
-	case <-appended:
-		t.Fatal("the log dropped an event its subscriber was still writing")
-	default:
+	// A later event, then a trim by the retention rule appends use: the
+	// held event stays, and its chunk is not offered for reuse.
+	heldSeq := batch[0].Seq
+	appendRead(9)
+	l.trim(0)
+	l.mu.Lock()
+	kept := l.first == heldSeq
+	reusable := slices.ContainsFunc(l.free, func(c *chunk) bool { return &c.buf[0] == &held[0] })
+	l.mu.Unlock()
+	if !kept || reusable {
+		t.Fatalf("the log dropped an event its subscriber was still writing (kept %v, chunk reusable %v)", kept, reusable)
 	}
 	for _, c := range held {
 		if c != 7 {
 			t.Fatal("a held event's chunk was reused")
 		}
 	}
-	// Asking for more releases the batch, and the writer goes on.
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { <-appended; cancel() }()
-	for {
-		if _, _, err := s.next(ctx, true, nil); err != nil {
-			if ctx.Err() == nil {
-				t.Fatal(err)
-			}
-			break
-		}
+	// Asking for more releases the batch: now it can go, chunk and all.
+	if _, _, err := s.next(context.Background(), false, nil); err != nil {
+		t.Fatal(err)
+	}
+	l.trim(0)
+	l.mu.Lock()
+	kept = l.first == heldSeq
+	reusable = slices.ContainsFunc(l.free, func(c *chunk) bool { return &c.buf[0] == &held[0] })
+	l.mu.Unlock()
+	if kept || !reusable {
+		t.Fatalf("a released event was kept (%v) or its chunk not reused (%v)", kept, !reusable)
 	}
 
 	// Exit: a short output no longer pins its chunk.

@@ -363,19 +363,23 @@ func (a *Agent) pruneLocked() {
 // MaxExitedOutput: the most recent exits keep theirs, older ones are cut
 // down to what remains of the budget (at least their exit event).
 func (a *Agent) trimExitedOutput() {
+	type exit struct {
+		p  *process
+		at time.Time
+	}
 	a.mu.Lock()
-	var exited []*process
+	var exited []exit
 	for _, p := range a.procs {
 		if info := p.snapshot(); !info.Running && info.ExitedAt != nil {
-			exited = append(exited, p)
+			exited = append(exited, exit{p, *info.ExitedAt})
 		}
 	}
 	a.mu.Unlock()
-	slices.SortFunc(exited, func(x, y *process) int { return y.snapshot().ExitedAt.Compare(*x.snapshot().ExitedAt) })
+	slices.SortFunc(exited, func(x, y exit) int { return y.at.Compare(x.at) }) // newest first
 	left := a.opts.MaxExitedOutput
-	for _, p := range exited {
-		p.log.trim(left)
-		left = max(0, left-p.log.size())
+	for _, e := range exited {
+		e.p.log.trim(left)
+		left = max(0, left-e.p.log.size())
 	}
 }
 
