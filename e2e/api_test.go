@@ -364,6 +364,50 @@ func TestManyLargeOutputs(t *testing.T) {
 	}
 }
 
+// Sixteen background processes that each print 8 MiB and keep running must
+// not exhaust a 128 MiB sandbox: running processes share the agent's
+// output budget (a dozen of them stopped such a sandbox for OOM before).
+func TestManyRunningOutputs(t *testing.T) {
+	s := sharedServer(t)
+	id := s.createOn(t, "gvisor", map[string]any{"memory_mb": 128})
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	const n = 16
+	for i := range n {
+		if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{
+			"cmd": fmt.Sprintf("head -c 8388608 /dev/zero; touch /tmp/printed%d; exec sleep 600", i), "background": true,
+		}, nil); code != 202 {
+			t.Fatalf("command %d: %d", i, code)
+		}
+	}
+	waitFor(t, "every command to print its output", 120*time.Second, func() bool {
+		var sb sandboxView
+		if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 || sb.State != "running" {
+			t.Fatalf("while %d commands print 8 MiB each: %d %+v", n, code, sb)
+		}
+		return s.sh(id, "ls /tmp | grep -c printed").Stdout == fmt.Sprintf("%d\n", n)
+	})
+	var ps struct {
+		Processes []struct {
+			Running bool `json:"running"`
+		}
+	}
+	if code := s.do("GET", "/v1/sandboxes/"+id+"/processes", s.key, nil, &ps); code != 200 {
+		t.Fatalf("list processes: %d", code)
+	}
+	running := 0
+	for _, p := range ps.Processes {
+		if p.Running {
+			running++
+		}
+	}
+	if running < n {
+		t.Fatalf("%d of %d background processes running", running, n)
+	}
+	if r := s.sh(id, "echo alive"); r.Stdout != "alive\n" {
+		t.Fatalf("exec after: %+v", r)
+	}
+}
+
 func TestBackgroundReattachStdinSignal(t *testing.T) {
 	forEachDriver(t, testBackgroundReattachStdinSignal)
 }

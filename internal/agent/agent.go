@@ -27,13 +27,29 @@ type Options struct {
 	User string
 	// Home resolves relative file paths ("/home/user" when empty).
 	Home string
-	// MaxOutput is the retained output per process (8 MiB when 0).
+	// Memory is the sandbox's memory in bytes (Run reads MemTotal from
+	// /proc/meminfo, which is the sandbox's limit under gVisor and the
+	// guest's memory in a VM); 0 when unknown. The output budgets below
+	// default to fractions of it, because output retained by the agent is
+	// memory of the sandbox: too much and the sandbox is stopped for OOM.
+	Memory int64
+	// MaxOutput is the retained output per process (8 MiB when 0, less in
+	// a sandbox whose running budget is smaller).
 	MaxOutput int
+	// MaxRunningOutput bounds the output retained by all running processes
+	// together: each keeps at most MaxRunningOutput / (processes running),
+	// and at most MaxOutput. Default: two thirds of an eighth of Memory (of
+	// 48 MiB when Memory is unknown or above 384 MiB), so 32 MiB: four
+	// processes keep 8 MiB each, sixteen 2 MiB. Without it every running
+	// process would keep MaxOutput, and a dozen chatty background
+	// processes would exhaust a small sandbox's memory.
+	MaxRunningOutput int
 	// MaxExitedOutput bounds the output retained by all exited processes
-	// together (2 × MaxOutput when 0): the newest exits keep theirs, older
-	// ones what is left of it, and at least their exit event. Without it
-	// every exited process would keep MaxOutput, and a few commands with
-	// large output would exhaust a small sandbox's memory.
+	// together (the other third of that eighth: 16 MiB when 0 and Memory
+	// is unknown or large): the newest exits keep theirs, older ones what
+	// is left of it, and at least their exit event. Without it every
+	// exited process would keep MaxOutput, and a few commands with large
+	// output would exhaust a small sandbox's memory.
 	MaxExitedOutput int
 	// ReapAll makes the agent reap every child, orphans included (set it
 	// when the agent is PID 1; Run does).
@@ -41,6 +57,13 @@ type Options struct {
 	// Logger receives diagnostics (discarded when nil).
 	Logger *slog.Logger
 }
+
+// The output budget of all processes together: an eighth of the
+// sandbox's memory, within these bounds.
+const (
+	maxOutputBudget = 48 << 20
+	minOutputBudget = 3 << 20
+)
 
 // Agent serves the agent protocol. Processes and their output belong to
 // the Agent, not to a connection, so they survive reconnects.
@@ -66,11 +89,18 @@ func New(opts Options) *Agent {
 	if opts.Home == "" {
 		opts.Home = "/home/user"
 	}
-	if opts.MaxOutput <= 0 {
-		opts.MaxOutput = 8 << 20
+	total := int64(maxOutputBudget)
+	if opts.Memory > 0 {
+		total = min(total, max(opts.Memory/8, minOutputBudget))
+	}
+	if opts.MaxRunningOutput <= 0 {
+		opts.MaxRunningOutput = int(total * 2 / 3)
 	}
 	if opts.MaxExitedOutput <= 0 {
-		opts.MaxExitedOutput = 2 * opts.MaxOutput
+		opts.MaxExitedOutput = int(total / 3)
+	}
+	if opts.MaxOutput <= 0 {
+		opts.MaxOutput = min(8<<20, opts.MaxRunningOutput)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

@@ -174,6 +174,34 @@ func (l *eventLog) packLocked() {
 	}
 }
 
+// chunkMax is the largest chunk a pump of this log reads into: at most a
+// quarter of what the log retains, so the newest output (a final line)
+// never sits in one event too big to keep.
+func (l *eventLog) chunkMax() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.chunkMaxLocked()
+}
+
+func (l *eventLog) chunkMaxLocked() int { return min(readChunkMax, max(4<<10, l.limit/4)) }
+
+// setLimit changes what the log retains (a running process's share of the
+// agent's budget) and trims it to the new limit as trim does. Free chunks
+// larger than the new chunk size are forgotten.
+func (l *eventLog) setLimit(limit int) {
+	l.mu.Lock()
+	if l.limit == limit {
+		l.mu.Unlock()
+		return
+	}
+	l.limit = limit
+	maxChunk := l.chunkMaxLocked()
+	l.free = slices.DeleteFunc(l.free, func(c *chunk) bool { return len(c.buf) > maxChunk })
+	l.broadcastLocked() // an append waiting for room may now fit
+	l.mu.Unlock()
+	l.trim(limit)
+}
+
 // size returns the bytes the log retains.
 func (l *eventLog) size() int {
 	l.mu.Lock()

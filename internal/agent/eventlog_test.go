@@ -228,3 +228,59 @@ func TestParseSignal(t *testing.T) {
 		}
 	}
 }
+
+// A smaller limit trims the log at once, keeping what a subscriber has not
+// taken; a larger one lets a blocked append through.
+func TestEventLogSetLimit(t *testing.T) {
+	l := newEventLog(10000)
+	for range 50 {
+		l.append(data(100))
+	}
+	l.setLimit(1000)
+	if l.bytes > 1000 || l.next != 51 || l.events[len(l.events)-1].Seq != 50 {
+		t.Fatalf("after shrink: bytes %d next %d", l.bytes, l.next)
+	}
+	s := l.subscribe(l.first)
+	defer s.close()
+	first := l.first
+	l.setLimit(300)
+	if l.first != first {
+		t.Fatalf("trimmed events a subscriber still needs: first %d → %d", first, l.first)
+	}
+	done := make(chan struct{})
+	go func() {
+		l.append(data(100)) // the log is over its limit with needed events: blocks
+		close(done)
+	}()
+	select {
+	case <-done:
+		t.Fatal("append went through a full log")
+	case <-time.After(20 * time.Millisecond):
+	}
+	l.setLimit(100000)
+	<-done
+	if l.next != 52 {
+		t.Fatalf("next %d", l.next)
+	}
+	if got := l.chunkMax(); got != 100000/4 {
+		t.Fatalf("chunk max %d", got)
+	}
+	l.setLimit(1000)
+	if got := l.chunkMax(); got != 4<<10 {
+		t.Fatalf("chunk max of a small log %d", got)
+	}
+}
+
+func TestParseMemTotal(t *testing.T) {
+	for in, want := range map[string]int64{
+		"MemTotal:         524288 kB\nMemFree:          509456 kB\n": 512 << 20,
+		"MemFree: 1 kB\nMemTotal: 1024 kB\n":                         1 << 20,
+		"MemTotal: 12 MB\n":                                          0,
+		"MemTotal: -5 kB\n":                                          0,
+		"":                                                           0,
+	} {
+		if got := parseMemTotal([]byte(in)); got != want {
+			t.Errorf("parseMemTotal(%q) = %d, want %d", in, got, want)
+		}
+	}
+}

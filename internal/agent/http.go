@@ -172,15 +172,16 @@ func (a *Agent) handleStart(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	p, err := a.start(req)
+	follow := r.URL.Query().Get("follow") == "1"
+	p, sub, err := a.start(req, follow)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if r.URL.Query().Get("follow") == "1" {
+	if follow {
 		// Start and follow in one round trip: the pid, then the events
 		// until the exit, on the same stream.
-		a.writeEvents(w, r, p, 1, true, p.pid)
+		a.writeEvents(w, r, p, sub, 1, true, p.pid)
 		return
 	}
 	writeJSON(w, agentproto.StartResponse{PID: p.pid})
@@ -211,15 +212,18 @@ func (a *Agent) handleEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	a.writeEvents(w, r, p, from, r.URL.Query().Get("follow") != "0", 0)
+	a.writeEvents(w, r, p, nil, from, r.URL.Query().Get("follow") != "0", 0)
 }
 
 // writeEvents streams p's events from seq from: binary frames when the
 // client accepts them, NDJSON otherwise. A non-zero pid (a start with
 // follow) is announced first: in a header with frames, as the first NDJSON
-// line otherwise.
-func (a *Agent) writeEvents(w http.ResponseWriter, r *http.Request, p *process, from uint64, follow bool, pid int) {
-	sub := p.log.subscribe(from)
+// line otherwise. sub, when not nil, is a subscriber already reading p
+// (from is then ignored).
+func (a *Agent) writeEvents(w http.ResponseWriter, r *http.Request, p *process, sub *subscriber, from uint64, follow bool, pid int) {
+	if sub == nil {
+		sub = p.log.subscribe(from)
+	}
 	defer sub.close()
 
 	framed := strings.Contains(r.Header.Get("Accept"), agentproto.EventFramesType)

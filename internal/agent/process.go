@@ -61,10 +61,13 @@ func (p *process) snapshot() agentproto.Process {
 	return p.info
 }
 
-// start starts a process as described by req.
-func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
+// start starts a process as described by req. With follow it also
+// returns a subscriber reading from the first event, attached before any
+// output is read, so the caller receives every byte however small the
+// process's share of the output budget is.
+func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subscriber, error) {
 	if (len(req.Cmd) == 0) == (req.Shell == "") {
-		return nil, errdefs.InvalidArgument("exactly one of cmd and shell must be set")
+		return nil, nil, errdefs.InvalidArgument("exactly one of cmd and shell must be set")
 	}
 	name := req.User
 	if name == "" {
@@ -72,7 +75,7 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 	}
 	acct, err := lookupUser(name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	a.mu.Lock()
 	initEnv := a.initEnv
@@ -82,18 +85,18 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 	cwd := acct.home
 	if req.Cwd != "" {
 		if cwd, err = a.resolve(req.Cwd); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
-		return nil, errdefs.InvalidArgument("working directory %s is not a directory", cwd)
+		return nil, nil, errdefs.InvalidArgument("working directory %s is not a directory", cwd)
 	}
 	var path string
 	var argv []string
 	if len(req.Cmd) > 0 {
 		argv = req.Cmd
 		if path, err = lookPath(req.Cmd[0], envGet(env, "PATH"), cwd); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	} else {
 		path = "/bin/bash"
@@ -105,6 +108,10 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 	}
 
 	p := &process{log: newEventLog(a.opts.MaxOutput), done: make(chan struct{})}
+	var sub *subscriber
+	if follow {
+		sub = p.log.subscribe(1)
+	}
 	var (
 		files     [3]*os.File
 		childEnds []*os.File // closed in the agent after the fork
@@ -126,7 +133,7 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 	if req.PTY != nil {
 		master, tty, err := pty.Open()
 		if err != nil {
-			return nil, errdefs.Newf(errdefs.ErrInternal, "open pty: %v", err)
+			return nil, nil, errdefs.Newf(errdefs.ErrInternal, "open pty: %v", err)
 		}
 		_ = pty.Setsize(master, &pty.Winsize{Rows: req.PTY.Rows, Cols: req.PTY.Cols})
 		p.pty, p.stdin = master, master
@@ -140,7 +147,7 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 			r, w, err := os.Pipe()
 			if err != nil {
 				fail()
-				return nil, errdefs.Newf(errdefs.ErrInternal, "pipe: %v", err)
+				return nil, nil, errdefs.Newf(errdefs.ErrInternal, "pipe: %v", err)
 			}
 			growPipe(r)
 			readers, kinds, childEnds = append(readers, r), append(kinds, kind), append(childEnds, w)
@@ -150,7 +157,7 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 			r, w, err := os.Pipe()
 			if err != nil {
 				fail()
-				return nil, errdefs.Newf(errdefs.ErrInternal, "pipe: %v", err)
+				return nil, nil, errdefs.Newf(errdefs.ErrInternal, "pipe: %v", err)
 			}
 			files[0], p.stdin = r, w
 			childEnds = append(childEnds, r)
@@ -158,7 +165,7 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 			null, err := os.Open(os.DevNull)
 			if err != nil {
 				fail()
-				return nil, errdefs.Newf(errdefs.ErrInternal, "open %s: %v", os.DevNull, err)
+				return nil, nil, errdefs.Newf(errdefs.ErrInternal, "open %s: %v", os.DevNull, err)
 			}
 			files[0] = null
 			childEnds = append(childEnds, null)
@@ -180,7 +187,7 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 	childEnds = nil
 	if err != nil {
 		fail()
-		return nil, errdefs.Newf(classOf(err), "start %s: %v", argv[0], unwrapPathErr(err))
+		return nil, nil, errdefs.Newf(classOf(err), "start %s: %v", argv[0], unwrapPathErr(err))
 	}
 
 	p.pid = pid
@@ -190,6 +197,7 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 	}
 	p.log.append(agentproto.Event{Type: agentproto.EventStart, PID: pid})
 	a.addProcess(p)
+	a.balanceOutput()
 
 	var pumps sync.WaitGroup
 	for i, r := range readers {
@@ -254,9 +262,9 @@ func (a *Agent) start(req agentproto.StartRequest) (*process, error) {
 		p.stdinMu.Unlock()
 		p.log.append(ev)
 		close(p.done)
-		a.trimExitedOutput()
+		a.balanceOutput()
 	}()
-	return p, nil
+	return p, sub, nil
 }
 
 // growPipe raises a pipe's capacity to pipeSize, best effort (a
@@ -275,19 +283,21 @@ func growPipe(f *os.File) {
 // readable and gives up at the first empty read, so an orphan holding the
 // pipe cannot delay the exit event forever.
 func pump(r *os.File, kind string, log *eventLog) {
-	// A chunk is at most a quarter of what the log retains, so the newest
-	// output (a final line) never sits in one event too big to keep.
-	// Chunks start small and double while single reads fill them.
-	maxSize := min(readChunkMax, max(4<<10, log.limit/4))
-	size := min(readChunkMin, maxSize)
+	// Chunks start small and double while single reads fill them, up to
+	// the log's chunk size (which shrinks with the process's share of the
+	// output budget when more processes run).
+	size := min(readChunkMin, log.chunkMax())
 	var c *chunk
 	off := 0
 	defer func() { log.doneWith(c) }()
+	maxSize := size
 	draining := false
 	var raw syscall.RawConn
 	for {
 		if c == nil || len(c.buf)-off < len(c.buf)/4 {
 			log.doneWith(c)
+			maxSize = log.chunkMax()
+			size = min(size, maxSize)
 			c, off = log.newChunk(size), 0
 		}
 		space := c.buf[off:]
@@ -359,22 +369,35 @@ func (a *Agent) pruneLocked() {
 	}
 }
 
-// trimExitedOutput keeps the output retained by exited processes within
-// MaxExitedOutput: the most recent exits keep theirs, older ones are cut
-// down to what remains of the budget (at least their exit event).
-func (a *Agent) trimExitedOutput() {
+// balanceOutput applies the output budgets after a process started or
+// exited: running processes share MaxRunningOutput equally (each at most
+// MaxOutput), and exited processes keep MaxExitedOutput together, the most
+// recent exits theirs and older ones what remains of it (at least their
+// exit event).
+func (a *Agent) balanceOutput() {
 	type exit struct {
 		p  *process
 		at time.Time
 	}
 	a.mu.Lock()
+	var running []*process
 	var exited []exit
 	for _, p := range a.procs {
-		if info := p.snapshot(); !info.Running && info.ExitedAt != nil {
+		switch info := p.snapshot(); {
+		case info.Running:
+			running = append(running, p)
+		case info.ExitedAt != nil:
 			exited = append(exited, exit{p, *info.ExitedAt})
 		}
 	}
 	a.mu.Unlock()
+	share := a.opts.MaxOutput
+	if len(running) > 0 {
+		share = min(share, a.opts.MaxRunningOutput/len(running))
+	}
+	for _, p := range running {
+		p.log.setLimit(share)
+	}
 	slices.SortFunc(exited, func(x, y exit) int { return y.at.Compare(x.at) }) // newest first
 	left := a.opts.MaxExitedOutput
 	for _, e := range exited {

@@ -8,6 +8,9 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -94,7 +97,15 @@ func Run(args []string) int {
 		// Become the reaper of our own orphans anyway, so reap-all is safe.
 		_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 	}
-	a := New(Options{User: *user, Home: *home, ReapAll: true, Logger: log})
+	mem := memTotal()
+	if mem > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		// Collect garbage before the agent's heap reaches a quarter of the
+		// sandbox's memory (its retained output is bounded at an eighth),
+		// rather than letting it double its live size first; never below
+		// 32 MiB, where a small sandbox's agent would collect all the time.
+		debug.SetMemoryLimit(max(mem/4, 32<<20))
+	}
+	a := New(Options{User: *user, Home: *home, Memory: mem, ReapAll: true, Logger: log})
 	defer a.Close()
 
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
@@ -112,6 +123,34 @@ func Run(args []string) int {
 	if err := a.Serve(ctx, t); err != nil && ctx.Err() == nil {
 		log.Error("serve", "err", err)
 		return 1
+	}
+	return 0
+}
+
+// memTotal returns MemTotal from /proc/meminfo in bytes (0 when unknown).
+func memTotal() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	return parseMemTotal(b)
+}
+
+func parseMemTotal(meminfo []byte) int64 {
+	for line := range strings.Lines(string(meminfo)) {
+		rest, ok := strings.CutPrefix(line, "MemTotal:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil || kb <= 0 {
+			return 0
+		}
+		return kb << 10
 	}
 	return 0
 }

@@ -103,15 +103,24 @@ func collect(t *testing.T, h *harness, pid int, from uint64, follow bool) result
 	if err != nil {
 		t.Fatalf("events: %v", err)
 	}
+	r, err := readEvents(es)
+	if err != nil {
+		t.Fatalf("next: %v", err)
+	}
+	return r
+}
+
+// readEvents reads es to its end and closes it.
+func readEvents(es *agentclient.EventStream) (result, error) {
 	defer es.Close()
 	var r result
 	for {
 		ev, err := es.Next()
 		if err == io.EOF {
-			return r
+			return r, nil
 		}
 		if err != nil {
-			t.Fatalf("next: %v", err)
+			return r, err
 		}
 		r.events = append(r.events, ev)
 		switch ev.Type {
@@ -435,6 +444,61 @@ func TestExitedOutputBudget(t *testing.T) {
 			t.Fatalf("exited processes retain %d bytes, budget %d", total, budget)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Running processes share MaxRunningOutput: with eight running, each keeps
+// an eighth (its newest output), so a dozen chatty background processes
+// cannot fill a small sandbox's memory; a reader attached all along still
+// receives every byte of its process.
+func TestRunningOutputBudget(t *testing.T) {
+	const limit, budget, n = 64 << 10, 128 << 10, 8
+	h := newHarness(t, agent.Options{MaxOutput: limit, MaxRunningOutput: budget})
+	// One process streams to a reader attached from its start (Run) while
+	// the others start.
+	_, es, err := h.c.Run(t.Context(), agentproto.StartRequest{Cmd: []string{"sh", "-c", "head -c 1000000 /dev/zero; echo END"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	attached := make(chan result, 1)
+	go func() {
+		r, _ := readEvents(es) // an error shows as missing output below
+		attached <- r
+	}()
+	var pids []int
+	for i := range n {
+		pid, err := h.c.Start(t.Context(), agentproto.StartRequest{Cmd: []string{"sh", "-c", fmt.Sprintf("head -c 100000 /dev/zero; echo READY%d; exec sleep 60", i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids = append(pids, pid)
+	}
+	if r := <-attached; len(r.stdout) != 1000000+4 || !bytes.HasSuffix(r.stdout, []byte("END\n")) || r.code() != 0 {
+		t.Fatalf("attached reader got %d bytes, exit %+v", len(r.stdout), r.exit)
+	}
+	total := 0
+	for i, pid := range pids {
+		marker := fmt.Appendf(nil, "READY%d\n", i)
+		var r result
+		deadline := time.Now().Add(20 * time.Second)
+		for r = collect(t, h, pid, 1, false); !bytes.HasSuffix(r.stdout, marker); r = collect(t, h, pid, 1, false) {
+			if time.Now().After(deadline) {
+				t.Fatalf("process %d: %d bytes, no marker", i, len(r.stdout))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if len(r.stdout) > budget/n || r.events[0].Type != agentproto.EventTruncated {
+			t.Fatalf("process %d of %d running keeps %d bytes (share %d), first event %+v", i, n, len(r.stdout), budget/n, r.events[0])
+		}
+		total += len(r.stdout)
+	}
+	if total > budget {
+		t.Fatalf("running processes retain %d bytes, budget %d", total, budget)
+	}
+	for _, pid := range pids {
+		if err := h.c.Signal(t.Context(), pid, "KILL"); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
