@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/driver/hostproc"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -171,7 +172,7 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, dir string) (_ d
 		MemBackend:   memBackend{BackendType: backendFile, BackendPath: memoryName},
 		ResumeVM:     true,
 	}, nil); err != nil {
-		return nil, fmt.Errorf("firecracker: restore %s: %w (console: %s)", spec.ID, err, tailFile(inst.consolePath(), 1500))
+		return nil, fmt.Errorf("firecracker: restore %s: %w (console: %s)", spec.ID, err, hostproc.TailFile(inst.consolePath(), 1500))
 	}
 	// Firecracker has read the state file and no longer needs it.
 	_ = os.Remove(filepath.Join(inst.root, stateName))

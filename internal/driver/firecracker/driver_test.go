@@ -19,6 +19,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/driver/hostproc"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -261,7 +262,7 @@ func testFakeLifecycle(t *testing.T, jailed bool) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Wait did not return after Destroy")
 	}
-	if alive(pid) {
+	if hostproc.Alive(pid) {
 		t.Errorf("firecracker %d alive after Destroy", pid)
 	}
 	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/cpu/space", spec.ID)); !os.IsNotExist(err) {
@@ -333,7 +334,7 @@ func TestFakeStartFails(t *testing.T) {
 				t.Fatalf("Start: %v", err)
 			}
 			fi := inst.(*Instance)
-			if fi.pid <= 0 || alive(fi.pid) {
+			if fi.pid <= 0 || hostproc.Alive(fi.pid) {
 				t.Errorf("firecracker (pid %d) not killed", fi.pid)
 			}
 			if _, err := os.Stat(s.d.jailDir(spec.StateDir, spec.ID)); !os.IsNotExist(err) {

@@ -38,6 +38,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/driver/hostproc"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/vmimage"
 )
@@ -386,7 +387,7 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	_ = readJSON(inst.machinePath(), &inst.machine)
 	pid := hd.Pid
 	if pid <= 0 {
-		pid = readPid(inst.pidPath())
+		pid = hostproc.ReadPid(inst.pidPath())
 	}
 	inst.pid = pid
 	lost := func(why string) (driver.Instance, error) {

@@ -13,10 +13,9 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/driver/hostproc"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -87,7 +86,7 @@ func (i *Instance) Start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := i.api().run(ctx, bootSequence(i.machine)); err != nil {
-		return fmt.Errorf("firecracker: boot %s: %w (console: %s)", i.id, err, tailFile(i.consolePath(), 1500))
+		return fmt.Errorf("firecracker: boot %s: %w (console: %s)", i.id, err, hostproc.TailFile(i.consolePath(), 1500))
 	}
 	return nil
 }
@@ -99,7 +98,7 @@ func (i *Instance) abort() {
 	pid := i.pid
 	i.mu.Unlock()
 	if pid <= 0 {
-		pid = readPid(i.pidPath())
+		pid = hostproc.ReadPid(i.pidPath())
 	}
 	if err := i.killPid(pid); err != nil {
 		i.log.Warn("abort start", "err", err)
@@ -198,62 +197,18 @@ func (i *Instance) exited() bool {
 	i.mu.Lock()
 	pid, started := i.pid, i.started
 	i.mu.Unlock()
-	return started && pid > 0 && !alive(pid)
+	return started && pid > 0 && !hostproc.Alive(pid)
 }
 
 // Wait implements driver.Instance, on a pidfd of the Firecracker process
 // (not the server's child under the jailer), so it works for recovered
 // instances too.
 func (i *Instance) Wait(ctx context.Context) (driver.ExitStatus, error) {
-	var pid int
-	for {
-		i.mu.Lock()
-		pid = i.pid
-		destroyed := i.destroyed
-		i.mu.Unlock()
-		if destroyed && pid <= 0 {
-			return driver.ExitStatus{Reason: "destroyed"}, nil
-		}
-		if pid > 0 {
-			break
-		}
-		select { // not started yet
-		case <-time.After(100 * time.Millisecond):
-		case <-ctx.Done():
-			return driver.ExitStatus{}, ctx.Err()
-		}
-	}
-	status := func() driver.ExitStatus {
+	return hostproc.WaitInstance(ctx, func() (int, bool) {
 		i.mu.Lock()
 		defer i.mu.Unlock()
-		if i.destroyed {
-			return driver.ExitStatus{Reason: "destroyed"}
-		}
-		return driver.ExitStatus{Reason: "exited"}
-	}
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		if errors.Is(err, unix.ESRCH) {
-			return status(), nil
-		}
-		return driver.ExitStatus{}, fmt.Errorf("pidfd_open: %w", err)
-	}
-	defer unix.Close(fd)
-	for {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 200)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			return driver.ExitStatus{}, err
-		}
-		// A zombie (nobody reaps a jailed Firecracker in some containers)
-		// counts as exited.
-		if n > 0 || !alive(pid) {
-			return status(), nil
-		}
-		if ctx.Err() != nil {
-			return driver.ExitStatus{}, ctx.Err()
-		}
-	}
+		return i.pid, i.destroyed
+	})
 }
 
 // Detach implements driver.Detacher: it closes the agent connection; the
@@ -277,7 +232,7 @@ func (i *Instance) Destroy(ctx context.Context) error {
 	i.mu.Unlock()
 	i.Detach()
 	if pid <= 0 {
-		pid = readPid(i.pidPath()) // a launch that failed half-way
+		pid = hostproc.ReadPid(i.pidPath()) // a launch that failed half-way
 	}
 	if err := i.killPid(pid); err != nil {
 		return err

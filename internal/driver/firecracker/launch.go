@@ -9,12 +9,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/spacesandbox/space/internal/cgroup"
+	"github.com/spacesandbox/space/internal/driver/hostproc"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -98,11 +98,11 @@ func (i *Instance) launch(ctx context.Context) error {
 		// With --new-pid-ns the jailer clones Firecracker into a new pid
 		// namespace, writes its pid into the jail and exits.
 		if err := waitExit(ctx, cmd); err != nil {
-			i.killPid(readPid(i.pidPath()))
-			return fmt.Errorf("firecracker: jailer for %s: %v: %s", i.id, err, tailFile(i.consolePath(), 1500))
+			i.killPid(hostproc.ReadPid(i.pidPath()))
+			return fmt.Errorf("firecracker: jailer for %s: %v: %s", i.id, err, hostproc.TailFile(i.consolePath(), 1500))
 		}
-		if pid = readPid(i.pidPath()); pid <= 0 {
-			return fmt.Errorf("firecracker: jailer for %s wrote no pid file: %s", i.id, tailFile(i.consolePath(), 1500))
+		if pid = hostproc.ReadPid(i.pidPath()); pid <= 0 {
+			return fmt.Errorf("firecracker: jailer for %s wrote no pid file: %s", i.id, hostproc.TailFile(i.consolePath(), 1500))
 		}
 	}
 	i.mu.Lock()
@@ -112,9 +112,9 @@ func (i *Instance) launch(ctx context.Context) error {
 		i.killPid(pid)
 		return err
 	}
-	if _, err := waitAPI(ctx, i.api(), launchTimeout, func() bool { return !alive(pid) }); err != nil {
+	if _, err := waitAPI(ctx, i.api(), launchTimeout, func() bool { return !hostproc.Alive(pid) }); err != nil {
 		i.killPid(pid)
-		return fmt.Errorf("firecracker: %s: %w (console: %s)", i.id, err, tailFile(i.consolePath(), 1500))
+		return fmt.Errorf("firecracker: %s: %w (console: %s)", i.id, err, hostproc.TailFile(i.consolePath(), 1500))
 	}
 	return nil
 }
@@ -188,7 +188,7 @@ func (i *Instance) killPid(pid int) error {
 	}
 	_ = unix.Kill(pid, unix.SIGKILL)
 	deadline := time.Now().Add(10 * time.Second)
-	for alive(pid) {
+	for hostproc.Alive(pid) {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("firecracker: vm %s (pid %d) did not die", i.id, pid)
 		}
@@ -201,7 +201,7 @@ func (i *Instance) killPid(pid int) error {
 // jailer (and this driver, without it) passes --id=<id>, and ids are
 // unique. It guards against pid reuse. "--id <id>" is accepted too.
 func (i *Instance) ours(pid int) bool {
-	if !alive(pid) {
+	if !hostproc.Alive(pid) {
 		return false
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -284,44 +284,7 @@ func moveFile(ctx context.Context, src, dst string) error {
 	return os.Remove(src)
 }
 
-func readPid(path string) int {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return pid
-}
-
-// alive reports whether pid is a live process (not gone, not a zombie).
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return false
-	}
-	return b[i+2] != 'Z' && b[i+2] != 'X'
-}
-
-// tailFile returns the last n bytes of a file, for error messages.
-func tailFile(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > n {
-		f.Seek(fi.Size()-n, 0)
-	}
-	b := make([]byte, n)
-	k, _ := f.Read(b)
-	return strings.TrimSpace(string(b[:k]))
-}
-
 // notRunning is the error for an API call to a VM whose process is gone.
 func (i *Instance) notRunning() error {
-	return fmt.Errorf("firecracker: vm %s is not running (console: %s): %w", i.id, tailFile(i.consolePath(), 1500), errdefs.ErrUnavailable)
+	return fmt.Errorf("firecracker: vm %s is not running (console: %s): %w", i.id, hostproc.TailFile(i.consolePath(), 1500), errdefs.ErrUnavailable)
 }

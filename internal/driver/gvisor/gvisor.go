@@ -31,6 +31,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/driver/hostproc"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -305,7 +306,7 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	inst := d.newInstance(h.ID, hd.StateDir)
 	inst.created = true
 	st, err := inst.state(ctx)
-	if err == nil && st.Pid > 0 && !alive(st.Pid) {
+	if err == nil && st.Pid > 0 && !hostproc.Alive(st.Pid) {
 		st.Status = "stopped" // runsc's state file outlived the sandbox process
 	}
 	if err != nil || (st.Status != "running" && st.Status != "paused" && st.Status != "created") {
@@ -482,7 +483,7 @@ func (i *Instance) runsc(ctx context.Context, verb string, args ...string) error
 		i.mu.Lock()
 		i.created = true
 		i.mu.Unlock()
-		return fmt.Errorf("runsc %s: %v: %s", verb, err, tailFile(i.logPath(), 2000))
+		return fmt.Errorf("runsc %s: %v: %s", verb, err, hostproc.TailFile(i.logPath(), 2000))
 	}
 	return nil
 }
@@ -624,34 +625,8 @@ func (i *Instance) Wait(ctx context.Context) (driver.ExitStatus, error) {
 		}
 		pid = st.Pid
 	}
-	// A non-blocking pidfd in Go's poller: waiting costs no thread (a
-	// server with hundreds of sandboxes would otherwise park one OS thread
-	// in poll(2) per sandbox).
-	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
-	if err != nil {
-		if errors.Is(err, unix.ESRCH) {
-			return driver.ExitStatus{Reason: "exited"}, nil
-		}
-		return driver.ExitStatus{}, fmt.Errorf("pidfd_open: %w", err)
-	}
-	f := os.NewFile(uintptr(fd), "pidfd")
-	defer f.Close()
-	rc, err := f.SyscallConn()
-	if err != nil {
+	if err := hostproc.WaitExit(ctx, pid); err != nil {
 		return driver.ExitStatus{}, err
-	}
-	stop := context.AfterFunc(ctx, func() { _ = f.SetReadDeadline(time.Unix(1, 0)) })
-	defer stop()
-	err = rc.Read(func(fd uintptr) bool {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, _ := unix.Poll(fds, 0)
-		return n > 0 // readable: the process exited
-	})
-	if err != nil {
-		if ctx.Err() != nil {
-			return driver.ExitStatus{}, ctx.Err()
-		}
-		return driver.ExitStatus{}, fmt.Errorf("wait on pidfd: %w", err)
 	}
 	i.mu.Lock()
 	destroyed := i.destroyed
@@ -749,35 +724,6 @@ func (i *Instance) removeCgroups() {
 	if err := cgroup.Remove(i.id); err != nil {
 		i.log.Warn("sandbox cgroup left behind", "err", err)
 	}
-}
-
-// alive reports whether pid is a live process (not gone, not a zombie).
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// The state follows the parenthesised command name.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return false
-	}
-	return b[i+2] != 'Z' && b[i+2] != 'X'
-}
-
-// tailFile returns the last n bytes of a file, for error messages.
-func tailFile(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > n {
-		f.Seek(fi.Size()-n, 0)
-	}
-	b := make([]byte, n)
-	k, _ := f.Read(b)
-	return strings.TrimSpace(string(b[:k]))
 }
 
 func isNotExist(err error) bool {

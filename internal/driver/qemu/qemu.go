@@ -21,7 +21,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -38,6 +37,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/driver/hostproc"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/vmimage"
 )
@@ -329,7 +329,7 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	_ = readJSON(inst.machinePath(), &inst.machine) // needed by Checkpoint only
 	pid := hd.Pid
 	if pid <= 0 {
-		pid = readPid(inst.pidPath())
+		pid = hostproc.ReadPid(inst.pidPath())
 	}
 	inst.pid = pid
 	lost := func(why string) (driver.Instance, error) {
@@ -435,9 +435,9 @@ func (i *Instance) launch(ctx context.Context, incoming string) error {
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("qemu: start %s: %v: %s", i.id, err, tailFile(logPath, 1500))
+		return fmt.Errorf("qemu: start %s: %v: %s", i.id, err, hostproc.TailFile(logPath, 1500))
 	}
-	pid := readPid(i.pidPath())
+	pid := hostproc.ReadPid(i.pidPath())
 	if pid <= 0 {
 		return fmt.Errorf("qemu: start %s: no pid file", i.id)
 	}
@@ -506,7 +506,7 @@ func (i *Instance) DialAgent(ctx context.Context) (net.Conn, error) {
 			break
 		}
 		if i.exited() {
-			return nil, fmt.Errorf("qemu: vm %s is not running (console: %s): %w", i.id, tailFile(i.consolePath(), 1500), errdefs.ErrUnavailable)
+			return nil, fmt.Errorf("qemu: vm %s is not running (console: %s): %w", i.id, hostproc.TailFile(i.consolePath(), 1500), errdefs.ErrUnavailable)
 		}
 		select {
 		case <-time.After(wait):
@@ -522,61 +522,17 @@ func (i *Instance) exited() bool {
 	i.mu.Lock()
 	pid, started := i.pid, i.started
 	i.mu.Unlock()
-	return started && pid > 0 && !alive(pid)
+	return started && pid > 0 && !hostproc.Alive(pid)
 }
 
 // Wait implements driver.Instance, on a pidfd of the QEMU process (which
 // is not the server's child), so it works for recovered instances too.
 func (i *Instance) Wait(ctx context.Context) (driver.ExitStatus, error) {
-	var pid int
-	for {
-		i.mu.Lock()
-		pid = i.pid
-		destroyed := i.destroyed
-		i.mu.Unlock()
-		if destroyed && pid <= 0 {
-			return driver.ExitStatus{Reason: "destroyed"}, nil
-		}
-		if pid > 0 {
-			break
-		}
-		select { // not started yet
-		case <-time.After(100 * time.Millisecond):
-		case <-ctx.Done():
-			return driver.ExitStatus{}, ctx.Err()
-		}
-	}
-	status := func() driver.ExitStatus {
+	return hostproc.WaitInstance(ctx, func() (int, bool) {
 		i.mu.Lock()
 		defer i.mu.Unlock()
-		if i.destroyed {
-			return driver.ExitStatus{Reason: "destroyed"}
-		}
-		return driver.ExitStatus{Reason: "exited"}
-	}
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		if errors.Is(err, unix.ESRCH) {
-			return status(), nil
-		}
-		return driver.ExitStatus{}, fmt.Errorf("pidfd_open: %w", err)
-	}
-	defer unix.Close(fd)
-	for {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 200)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			return driver.ExitStatus{}, err
-		}
-		// A zombie (nobody reaps daemonized QEMU in some containers)
-		// counts as exited.
-		if n > 0 || !alive(pid) {
-			return status(), nil
-		}
-		if ctx.Err() != nil {
-			return driver.ExitStatus{}, ctx.Err()
-		}
-	}
+		return i.pid, i.destroyed
+	})
 }
 
 // Detach implements driver.Detacher: it closes the agent connection; the
@@ -600,12 +556,12 @@ func (i *Instance) Destroy(ctx context.Context) error {
 	i.mu.Unlock()
 	i.Detach()
 	if pid <= 0 {
-		pid = readPid(i.pidPath()) // a launch that failed half-way
+		pid = hostproc.ReadPid(i.pidPath()) // a launch that failed half-way
 	}
 	if pid > 0 && i.ours(pid) {
 		_ = unix.Kill(pid, unix.SIGKILL)
 		deadline := time.Now().Add(10 * time.Second)
-		for alive(pid) {
+		for hostproc.Alive(pid) {
 			if time.Now().After(deadline) {
 				return fmt.Errorf("qemu: vm %s (pid %d) did not die", i.id, pid)
 			}
@@ -628,33 +584,11 @@ func (i *Instance) Destroy(ctx context.Context) error {
 // ours reports whether pid is a live QEMU of this instance: its command
 // line names this instance's QMP socket (guards against pid reuse).
 func (i *Instance) ours(pid int) bool {
-	if !alive(pid) {
+	if !hostproc.Alive(pid) {
 		return false
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	return err == nil && bytes.Contains(b, []byte(i.qmpSock()))
-}
-
-func readPid(path string) int {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return pid
-}
-
-// alive reports whether pid is a live process (not gone, not a zombie).
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return false
-	}
-	return b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 // hostTSCkHz reads the host's TSC frequency (the "cpu MHz" of a host with
@@ -674,21 +608,6 @@ func hostTSCkHz() int {
 		}
 	}
 	return 0
-}
-
-// tailFile returns the last n bytes of a file, for error messages.
-func tailFile(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > n {
-		f.Seek(fi.Size()-n, 0)
-	}
-	b := make([]byte, n)
-	k, _ := f.Read(b)
-	return strings.TrimSpace(string(b[:k]))
 }
 
 func writeJSON(path string, v any) error {
