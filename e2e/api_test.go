@@ -408,6 +408,58 @@ func TestManyRunningOutputs(t *testing.T) {
 	}
 }
 
+// A process that allocates past its sandbox's memory is killed, as a VM's
+// kernel would kill it, and the sandbox lives on. Under gVisor the host's
+// OOM killer used to take the whole sandbox (state stopped, reason oom)
+// when the allocation was fast: now the host's limit sits above the
+// sandbox's memory and the agent kills the largest process when the
+// host sees the sandbox reach it.
+func TestOOMKillsProcessNotSandbox(t *testing.T) {
+	s := sharedServer(t)
+	id := s.createOn(t, "gvisor", map[string]any{"memory_mb": 256})
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	if r := s.sh(id, "grep MemTotal /proc/meminfo"); !strings.Contains(r.Stdout, " 262144 kB") {
+		t.Fatalf("the sandbox should see its own memory, not the host's headroom: %q", r.Stdout)
+	}
+	for _, alloc := range []string{
+		"b'x' * (400 << 20)",                         // one fast allocation
+		"x = [b'y' * (64 << 20) for i in range(10)]", // in steps
+		"b'x' * (1 << 30)",                           // far past the host's limit too
+	} {
+		var r execResult
+		if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"python3", "-c", alloc}}, &r); code != 200 {
+			t.Fatalf("%s: exec %d", alloc, code)
+		}
+		if r.ExitCode != 137 || r.Error != "oom" {
+			t.Fatalf("%s: %+v, want killed with error oom", alloc, r)
+		}
+		var sb sandboxView
+		if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 || sb.State != "running" {
+			t.Fatalf("after %s: %d %+v", alloc, code, sb)
+		}
+	}
+	// What stays within the memory is left alone, and so is writing a file
+	// larger than the memory to disk (page cache, which the host reclaims).
+	if r := s.sh(id, "python3 -c \"x = b'x' * (100 << 20); print(len(x))\""); r.ExitCode != 0 || r.Stdout != "104857600\n" {
+		t.Fatalf("an allocation within the memory: %+v", r)
+	}
+	if r := s.sh(id, "head -c 400M /dev/zero > /home/user/big && stat -c %s /home/user/big && rm /home/user/big"); r.ExitCode != 0 || r.Stdout != "419430400\n" {
+		t.Fatalf("writing 400 MiB to disk in a 256 MiB sandbox: %+v", r)
+	}
+	// /tmp is a tmpfs (memory) bounded at half the memory: filling it is
+	// ENOSPC, and the sandbox lives on (it used to be unbounded).
+	if r := s.sh(id, "grep ' /tmp ' /proc/mounts"); !strings.Contains(r.Stdout, "size=131072k") {
+		t.Fatalf("/tmp mount: %q", r.Stdout)
+	}
+	if r := s.sh(id, "head -c 400M /dev/zero > /tmp/big; echo $?; rm -f /tmp/big"); r.Stdout != "1\n" || !strings.Contains(r.Stderr, "No space left on device") {
+		t.Fatalf("filling /tmp: %+v", r)
+	}
+	var sb sandboxView
+	if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 || sb.State != "running" {
+		t.Fatalf("after filling /tmp: %d %+v", code, sb)
+	}
+}
+
 func TestBackgroundReattachStdinSignal(t *testing.T) {
 	forEachDriver(t, testBackgroundReattachStdinSignal)
 }

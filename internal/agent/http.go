@@ -37,6 +37,7 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("POST "+agentproto.PathFilesMkdir, a.handleMkdir)
 	mux.HandleFunc("POST "+agentproto.PathFilesMove, a.handleMove)
 	mux.HandleFunc("GET "+agentproto.PathFilesWatch, a.handleWatch)
+	mux.HandleFunc("POST "+agentproto.PathReclaim, a.handleReclaim)
 	return mux
 }
 

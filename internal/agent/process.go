@@ -46,7 +46,9 @@ type process struct {
 	log      *eventLog
 	pty      *os.File // PTY master, nil without PTY
 	timedOut atomic.Bool
-	done     chan struct{} // closed after the exit event was appended
+	// oomKilled: killed to free memory at the sandbox's limit (reclaim).
+	oomKilled atomic.Bool
+	done      chan struct{} // closed after the exit event was appended
 
 	stdinMu sync.Mutex
 	stdin   *os.File // write end of stdin (the PTY master with PTY); nil when closed
@@ -246,6 +248,8 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 		ev.ExitCode = &code
 		if p.timedOut.Load() {
 			ev.Error = "timeout"
+		} else if p.oomKilled.Load() && ws.Signaled() && ws.Signal() == unix.SIGKILL {
+			ev.Error = "oom"
 		}
 		now := time.Now().UTC()
 		p.mu.Lock()

@@ -502,6 +502,61 @@ func TestRunningOutputBudget(t *testing.T) {
 	}
 }
 
+// Reclaim kills the process with the most resident memory among the
+// agent's descendants (a grandchild here) and leaves the others running;
+// a process started through the agent reports error "oom" when it is the
+// one killed.
+func TestReclaimKillsLargest(t *testing.T) {
+	h := newHarness(t, agent.Options{})
+	small, err := h.c.Start(t.Context(), agentproto.StartRequest{Cmd: []string{"sleep", "60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big, err := h.c.Start(t.Context(), agentproto.StartRequest{Cmd: []string{"python3", "-c", "import sys, time; x = b'x' * (64 << 20); print('ready', flush=True); time.sleep(60)"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for r := collect(t, h, big, 1, false); !bytes.Contains(r.stdout, []byte("ready")); r = collect(t, h, big, 1, false) {
+		if time.Now().After(deadline) {
+			t.Fatal("the allocating process never got ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	v, err := h.c.Reclaim(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.PID != big || v.RSS < 64<<20 || !strings.Contains(v.Cmd, "python3") {
+		t.Fatalf("reclaim killed %+v, want pid %d", v, big)
+	}
+	r := collect(t, h, big, 1, true)
+	if r.exit.Signal != "SIGKILL" || r.exit.Error != "oom" {
+		t.Fatalf("exit of the killed process: %+v", r.exit)
+	}
+	if p, err := h.c.Process(t.Context(), small); err != nil || !p.Running {
+		t.Fatalf("the small process: %+v %v", p, err)
+	}
+	// A grandchild is found too (the shell stays; its child is killed).
+	sh, err := h.c.Start(t.Context(), agentproto.StartRequest{Shell: "python3 -c \"import time; x = b'x' * (64 << 20); print('ready', flush=True); time.sleep(60)\"; echo after $?"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := collect(t, h, sh, 1, false); !bytes.Contains(r.stdout, []byte("ready")); r = collect(t, h, sh, 1, false) {
+		if time.Now().After(deadline) {
+			t.Fatal("the allocating grandchild never got ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if v, err = h.c.Reclaim(t.Context()); err != nil || v.PID == 0 || v.PID == sh || v.PID == small {
+		t.Fatalf("reclaim with a grandchild: %+v %v", v, err)
+	}
+	if r := collect(t, h, sh, 1, true); !bytes.Contains(r.stdout, []byte("after 137")) || r.exit.Error != "" {
+		t.Fatalf("the shell after its child was killed: %q %+v", r.stdout, r.exit)
+	}
+	h.c.Signal(t.Context(), small, "KILL")
+}
+
 // A reader that goes away must not stall the process (its backpressure is
 // released with the subscriber).
 func TestDetachReleasesProcess(t *testing.T) {

@@ -186,6 +186,14 @@ func (c *Client) Signal(ctx context.Context, pid int, sig string) error {
 	return c.call(ctx, request{method: http.MethodPost, path: procPath(agentproto.PathSignal, pid), json: agentproto.SignalRequest{Signal: sig}}, nil)
 }
 
+// Reclaim asks the agent to kill the process using the most memory (the
+// sandbox reached its memory limit).
+func (c *Client) Reclaim(ctx context.Context) (agentproto.ReclaimResponse, error) {
+	var out agentproto.ReclaimResponse
+	err := c.call(ctx, request{method: http.MethodPost, path: agentproto.PathReclaim}, &out)
+	return out, err
+}
+
 // Resize resizes a PTY process's terminal.
 func (c *Client) Resize(ctx context.Context, pid int, size agentproto.PTYSize) error {
 	return c.call(ctx, request{method: http.MethodPost, path: procPath(agentproto.PathResize, pid), json: size}, nil)

@@ -34,7 +34,16 @@ const (
 	PathFilesMkdir = "/v1/files/mkdir"            // POST ?path=&user= → FileInfo (creates parents; 409 if a non-directory exists)
 	PathFilesMove  = "/v1/files/move"             // POST MoveRequest → FileInfo
 	PathFilesWatch = "/v1/files/watch"            // GET ?path=&recursive=1 → NDJSON WatchEvent stream
+	PathReclaim    = "/v1/memory/reclaim"         // POST → ReclaimResponse (kills the process using the most memory)
 )
+
+// ReclaimResponse names the process the agent killed to free memory when
+// the sandbox reached its memory limit (PID 0: there was none to kill).
+type ReclaimResponse struct {
+	PID int    `json:"pid"`
+	Cmd string `json:"cmd,omitempty"`
+	RSS int64  `json:"rss_bytes,omitempty"` // its resident memory when killed
+}
 
 // Info describes the agent and the guest it runs in.
 type Info struct {

@@ -101,6 +101,17 @@ type Prioritizer interface {
 	Prioritize(ctx context.Context) error
 }
 
+// MemoryWatcher is implemented by instances whose host would stop the
+// whole sandbox at its memory limit (gVisor: the host's OOM killer takes
+// the sentry, and with it every process). Such a driver keeps the host's
+// hard limit above the sandbox's memory and WatchMemory calls fn each
+// time the sandbox's use reaches its memory, until ctx ends; the caller
+// frees memory then (the agent kills the largest process, as a VM's own
+// kernel would). A VM needs none of this: its kernel has an OOM killer.
+type MemoryWatcher interface {
+	WatchMemory(ctx context.Context, fn func()) error
+}
+
 // Handle is the persisted, driver-specific record of an instance.
 type Handle struct {
 	Driver string          `json:"driver"`

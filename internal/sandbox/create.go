@@ -296,9 +296,22 @@ func (s *Service) goLive(ctx context.Context, id string, inst driver.Instance, a
 }
 
 // watch marks the sandbox stopped when its instance ends on its own (the
-// agent exited, the sandbox was OOM-killed, someone killed runsc).
+// agent exited, the sandbox was OOM-killed, someone killed runsc), and,
+// where the driver needs it, frees memory when the sandbox reaches its
+// memory (see driver.MemoryWatcher).
 func (s *Service) watch(id string, l *live) {
+	stopMem := func() {}
+	if mw, ok := l.inst.(driver.MemoryWatcher); ok {
+		ctx, cancel := context.WithCancel(context.Background())
+		if err := mw.WatchMemory(ctx, func() { s.reclaimMemory(id, l) }); err != nil {
+			cancel()
+			s.log.Warn("no memory watch: a process past the sandbox's memory stops the sandbox", "sandbox", id, "err", err)
+		} else {
+			stopMem = cancel
+		}
+	}
 	go func() {
+		defer stopMem()
 		st, err := l.inst.Wait(context.Background())
 		if err != nil || st.Reason == "destroyed" {
 			return
@@ -312,6 +325,22 @@ func (s *Service) watch(id string, l *live) {
 		s.log.Warn("sandbox stopped on its own", "sandbox", id, "reason", st.Reason)
 		_ = s.destroy(context.Background(), id, l, st.Reason)
 	}()
+}
+
+// reclaimMemory runs when a sandbox's memory use reached its memory: the
+// agent kills the process using the most (its exit reports error "oom"),
+// so the sandbox lives on where the host would have stopped all of it.
+func (s *Service) reclaimMemory(id string, l *live) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, err := l.agent.Reclaim(ctx)
+	switch {
+	case err != nil:
+		s.log.Warn("sandbox at its memory limit; the agent could not free memory", "sandbox", id, "err", err)
+	case v.PID != 0:
+		s.metrics.OOMKills.Inc()
+		s.log.Info("sandbox at its memory limit: killed its largest process", "sandbox", id, "pid", v.PID, "cmd", v.Cmd, "rss_bytes", v.RSS)
+	}
 }
 
 // putNetwork records a new sandbox's network policy and the names of its

@@ -18,6 +18,9 @@ type Metrics struct {
 	// PoolImage counts pool image events: "built", "build_failed",
 	// "restore_failed" (the pool then refills by booting), "removed".
 	PoolImage *prometheus.CounterVec
+	// OOMKills counts processes the agent killed because their sandbox
+	// reached its memory (driver.MemoryWatcher).
+	OOMKills prometheus.Counter
 }
 
 // NewMetrics registers the service's instruments on reg. The sandbox count
@@ -41,8 +44,11 @@ func NewMetrics(reg prometheus.Registerer, counts func(context.Context) (map[str
 		PoolImage: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "space", Name: "pool_image_events_total", Help: "Pool restore images built, failed to build, failed to restore, removed.",
 		}, []string{"driver", "event"}),
+		OOMKills: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "space", Name: "sandbox_oom_kills_total", Help: "Processes killed because their sandbox reached its memory (the sandbox lives on).",
+		}),
 	}
-	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency, m.PoolRefills, m.PoolImage)
+	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency, m.PoolRefills, m.PoolImage, m.OOMKills)
 	if counts != nil {
 		reg.MustRegister(&stateCollector{counts: counts, desc: prometheus.NewDesc("space_sandboxes", "Sandboxes by state.", []string{"state"}, nil)})
 	}

@@ -166,6 +166,7 @@ func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string) (_ 
 	}
 	inst.flags = d.createFlags(spec)
 	inst.low = spec.LowPriority
+	inst.memory = int64(spec.MemoryMB) << 20
 	if image == "" {
 		// Nothing runs until Start: `runsc run --detach` there. (Not
 		// create+start: a sandbox made by `runsc create` with
@@ -181,6 +182,7 @@ func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string) (_ 
 	if b, err := os.ReadFile(inst.pidPath()); err == nil {
 		fmt.Sscan(string(b), &inst.pid)
 	}
+	inst.raiseMemoryLimit()
 	// The restored agent still holds the socket the checkpointed sandbox
 	// had, dropped by the restore: make it dial this instance now.
 	inst.reconnectAgent(nil)
@@ -362,7 +364,8 @@ type Instance struct {
 	flags     []string              // runsc global flags of this sandbox (same for run and restore)
 	created   bool
 	started   bool
-	low       bool // booted for the warm pool (driver.Spec.LowPriority)
+	low       bool  // booted for the warm pool (driver.Spec.LowPriority)
+	memory    int64 // the sandbox's memory in bytes (0: read from the bundle)
 	pid       int
 	destroyed bool
 }
@@ -450,7 +453,55 @@ func (i *Instance) Start(ctx context.Context) error {
 	if b, err := os.ReadFile(i.pidPath()); err == nil {
 		fmt.Sscan(string(b), &i.pid)
 	}
+	i.raiseMemoryLimit()
 	return nil
+}
+
+// memoryHeadroom is how far above the sandbox's memory the host's hard
+// limit sits: room for the sentry's own memory and for the time between
+// the sandbox reaching its memory and the agent killing its largest
+// process (WatchMemory). Measured here: a 1 GiB allocation in a 256 MiB
+// sandbox peaked 2 MiB above the sandbox's memory before it was killed.
+func memoryHeadroom(memory int64) int64 { return max(64<<20, memory/4) }
+
+// raiseMemoryLimit lifts the host's hard limit of a booted sandbox to its
+// memory plus memoryHeadroom. runsc set the limit from the spec and booted
+// the sentry with that as the sandbox's total memory (what /proc/meminfo
+// and the agent's budgets see); the headroom above it is for the host
+// only. Without it, the host's OOM killer would stop the whole sandbox
+// when a process allocates quickly past its memory. Best effort: logged.
+func (i *Instance) raiseMemoryLimit() {
+	mem := i.nominalMemory()
+	if mem <= 0 {
+		return
+	}
+	if err := cgroup.SetMemoryLimit(i.id, mem+memoryHeadroom(mem)); err != nil {
+		i.log.Warn("memory headroom not set: a process past the sandbox's memory stops the sandbox", "err", err)
+	}
+}
+
+// nominalMemory is the sandbox's memory in bytes, from the spec it was
+// launched with (or, for a recovered instance, from its bundle).
+func (i *Instance) nominalMemory() int64 {
+	if i.memory > 0 {
+		return i.memory
+	}
+	var spec ociSpec
+	b, err := os.ReadFile(filepath.Join(i.bundleDir(), "config.json"))
+	if err != nil || json.Unmarshal(b, &spec) != nil || spec.Linux.Resources.Memory == nil {
+		return 0
+	}
+	return spec.Linux.Resources.Memory.Limit
+}
+
+// WatchMemory implements driver.MemoryWatcher on the sandbox's memory
+// cgroup (cgroup v1 thresholds: nothing polls).
+func (i *Instance) WatchMemory(ctx context.Context, fn func()) error {
+	mem := i.nominalMemory()
+	if mem <= 0 {
+		return fmt.Errorf("gvisor: %s: sandbox memory unknown", i.id)
+	}
+	return cgroup.WatchMemory(ctx, i.id, mem, func(int64) { fn() })
 }
 
 // runsc starts a sandbox with `runsc <flags> verb args…`. The sandbox

@@ -146,6 +146,12 @@ func buildSpec(s driver.Spec, hostRunDir string) ociSpec {
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			// gVisor mounts an internal tmpfs over an empty /tmp when the spec
+			// has none, sized by the host: files there are the sandbox's
+			// memory, so filling /tmp used to stop the whole sandbox. Half
+			// of the memory, as Linux sizes a tmpfs (and Debian 13 its /tmp):
+			// a full /tmp is ENOSPC, not an out-of-memory sandbox.
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%dk", s.MemoryMB*1024/2)}},
 			{Destination: guestAgentPath, Type: "bind", Source: s.AgentPath, Options: []string{"rbind", "ro"}},
 			{Destination: guestRunDir, Type: "bind", Source: hostRunDir, Options: []string{"rbind", "rw"}},
 		},
