@@ -212,7 +212,7 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 	if err := b.execBreakdown(id, raw, cid, nExec); err != nil {
 		return err
 	}
-	if err := b.stdoutThroughput(id, raw, cid, 3); err != nil {
+	if err := b.stdoutThroughput(raw, cid, 3); err != nil {
 		return err
 	}
 

@@ -60,11 +60,18 @@ func (b *bench) execBreakdown(id string, raw *rawRunsc, cid string, n int) error
 // (128 KiB writes: what the streaming path can carry) and `yes | head`
 // (small writes: inside gVisor every system call costs tens of
 // microseconds, so this producer alone is slow in both columns).
-func (b *bench) stdoutThroughput(id string, raw *rawRunsc, cid string, rounds int) error {
+func (b *bench) stdoutThroughput(raw *rawRunsc, cid string, rounds int) error {
 	const size = 256 << 20
-	// On the rootfs overlay (disk-backed), not in /tmp: space bounds its
-	// /tmp tmpfs at half the sandbox's memory, raw runsc does not.
-	const file = "/home/user/stdout.txt"
+	// The file sits in /tmp (a tmpfs) on both sides, so the producer only
+	// copies memory. space bounds /tmp at half the sandbox's memory (raw
+	// runsc's is unbounded): this figure gets a sandbox of 1 GiB.
+	const file = "/tmp/stdout.txt"
+	var sb struct{ ID string }
+	if code := b.do("POST", "/v1/sandboxes", map[string]any{"timeout_s": 3600, "memory_mb": 1024}, &sb); code != 201 {
+		return fmt.Errorf("stdout: create a 1 GiB sandbox: HTTP %d", code)
+	}
+	id := sb.ID
+	defer b.do("DELETE", "/v1/sandboxes/"+id, nil, nil)
 	gen := fmt.Sprintf("yes abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ | head -c %d", size)
 	var res struct {
 		ExitCode int `json:"exit_code"`
@@ -72,7 +79,6 @@ func (b *bench) stdoutThroughput(id string, raw *rawRunsc, cid string, rounds in
 	if code := b.do("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": gen + " > " + file}, &res); code != 200 || res.ExitCode != 0 {
 		return fmt.Errorf("stdout: writing the file: HTTP %d, exit %d", code, res.ExitCode)
 	}
-	defer b.do("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": "rm -f " + file}, nil)
 	if out, err := exec.Command(b.runsc, "--root", raw.root, "exec", cid, "sh", "-c", gen+" > "+file).CombinedOutput(); err != nil {
 		return fmt.Errorf("runsc exec: writing the file: %v: %s", err, out)
 	}

@@ -31,7 +31,8 @@ func (a *Agent) handleReclaim(w http.ResponseWriter, r *http.Request) {
 		p.oomKilled.Store(true)
 	}
 	if err := unix.Kill(victim.PID, unix.SIGKILL); err != nil {
-		victim = agentproto.ReclaimResponse{} // it exited meanwhile: memory is being freed anyway
+		writeJSON(w, agentproto.ReclaimResponse{}) // it exited meanwhile: its memory is being freed anyway
+		return
 	}
 	a.log.Warn("memory limit reached: killed the largest process", "pid", victim.PID, "cmd", victim.Cmd, "rss", victim.RSS)
 	writeJSON(w, victim)

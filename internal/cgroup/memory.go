@@ -103,11 +103,8 @@ func WatchMemory(ctx context.Context, id string, threshold int64, fn func(workin
 		defer stop()
 		buf := make([]byte, 8)
 		for {
-			// Signalled on every crossing, down as well as up, and when
-			// the cgroup is removed.
-			if _, err := ev.Read(buf); err != nil {
-				return // ctx ended
-			}
+			// Above the threshold already (at registration, or after the
+			// eventfd fired): watch the working set until the usage drops.
 			for {
 				u, err := readInt(filepath.Join(d, "memory.usage_in_bytes"))
 				if err != nil {
@@ -126,6 +123,11 @@ func WatchMemory(ctx context.Context, id string, threshold int64, fn func(workin
 					return
 				case <-time.After(wait):
 				}
+			}
+			// Signalled on every crossing, down as well as up, and when
+			// the cgroup is removed.
+			if _, err := ev.Read(buf); err != nil {
+				return // ctx ended
 			}
 		}
 	}()

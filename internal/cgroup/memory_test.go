@@ -52,7 +52,12 @@ func TestWatchMemoryAndSetLimit(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	fired := make(chan int64, 16)
-	if err := WatchMemory(ctx, id, 64<<20, func(u int64) { fired <- u }); err != nil {
+	if err := WatchMemory(ctx, id, 64<<20, func(u int64) {
+		select {
+		case fired <- u:
+		default:
+		}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	line := make([]byte, 8)
@@ -80,5 +85,21 @@ func TestWatchMemoryAndSetLimit(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("no callback after the process allocated past the threshold")
+	}
+	// A watch registered while the working set is already past its
+	// threshold (a recovered sandbox) fires too, with no crossing.
+	late := make(chan int64, 16)
+	if err := WatchMemory(ctx, id, 64<<20, func(u int64) {
+		select {
+		case late <- u:
+		default:
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-late:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no callback for a watch registered above its threshold")
 	}
 }
