@@ -338,16 +338,7 @@ func TestManyLargeOutputs(t *testing.T) {
 			t.Fatalf("command %d: %d", i, code)
 		}
 		waitFor(t, fmt.Sprintf("command %d to exit", i), 60*time.Second, func() bool {
-			var ps struct {
-				Processes []struct {
-					PID     int  `json:"pid"`
-					Running bool `json:"running"`
-				}
-			}
-			if code := s.do("GET", "/v1/sandboxes/"+id+"/processes", s.key, nil, &ps); code != 200 {
-				t.Fatalf("after %d commands: list processes %d", i, code)
-			}
-			for _, p := range ps.Processes {
+			for _, p := range s.processes(id) {
 				if p.PID == bg.PID && p.Running {
 					return false
 				}
@@ -386,16 +377,8 @@ func TestManyRunningOutputs(t *testing.T) {
 		}
 		return s.sh(id, "ls /tmp | grep -c printed").Stdout == fmt.Sprintf("%d\n", n)
 	})
-	var ps struct {
-		Processes []struct {
-			Running bool `json:"running"`
-		}
-	}
-	if code := s.do("GET", "/v1/sandboxes/"+id+"/processes", s.key, nil, &ps); code != 200 {
-		t.Fatalf("list processes: %d", code)
-	}
 	running := 0
-	for _, p := range ps.Processes {
+	for _, p := range s.processes(id) {
 		if p.Running {
 			running++
 		}

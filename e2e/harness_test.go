@@ -275,6 +275,22 @@ func (s *server) sh(id, script string) execResult {
 	return r
 }
 
+// procView is a process as GET /v1/sandboxes/{id}/processes lists it.
+type procView struct {
+	PID     int  `json:"pid"`
+	Running bool `json:"running"`
+}
+
+// processes lists a sandbox's processes.
+func (s *server) processes(id string) []procView {
+	s.t.Helper()
+	var ps struct{ Processes []procView }
+	if code := s.do("GET", "/v1/sandboxes/"+id+"/processes", s.key, nil, &ps); code != 200 {
+		s.t.Fatalf("list processes of %s: %d", id, code)
+	}
+	return ps.Processes
+}
+
 // sseEvent is one parsed server-sent event.
 type sseEvent struct {
 	ID    string
