@@ -346,13 +346,7 @@ func TestManyLargeOutputs(t *testing.T) {
 			return true
 		})
 	}
-	var sb sandboxView
-	if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 || sb.State != "running" {
-		t.Fatalf("after 30 commands with 8 MiB of output each: %d %+v", code, sb)
-	}
-	if r := s.sh(id, "echo alive"); r.Stdout != "alive\n" {
-		t.Fatalf("exec after: %+v", r)
-	}
+	s.mustLive(id, "after 30 commands with 8 MiB of output each")
 }
 
 // Sixteen background processes that each print 8 MiB and keep running must
@@ -386,9 +380,7 @@ func TestManyRunningOutputs(t *testing.T) {
 	if running < n {
 		t.Fatalf("%d of %d background processes running", running, n)
 	}
-	if r := s.sh(id, "echo alive"); r.Stdout != "alive\n" {
-		t.Fatalf("exec after: %+v", r)
-	}
+	s.mustLive(id, fmt.Sprintf("with %d background processes that printed 8 MiB each", n))
 }
 
 // A process that allocates past its sandbox's memory is killed, as a VM's

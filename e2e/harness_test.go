@@ -291,6 +291,18 @@ func (s *server) processes(id string) []procView {
 	return ps.Processes
 }
 
+// mustLive fails unless sandbox id is running and runs a command.
+func (s *server) mustLive(id, when string) {
+	s.t.Helper()
+	var sb sandboxView
+	if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 || sb.State != "running" {
+		s.t.Fatalf("%s: %d %+v", when, code, sb)
+	}
+	if r := s.sh(id, "echo alive"); r.Stdout != "alive\n" {
+		s.t.Fatalf("%s: exec %+v", when, r)
+	}
+}
+
 // sseEvent is one parsed server-sent event.
 type sseEvent struct {
 	ID    string
