@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -193,6 +194,11 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 	}
 	inst, err = r.Restore(ctx, spec, image)
 	if err != nil {
+		if errors.Is(err, errdefs.ErrConflict) {
+			// The image cannot be restored here at all (made by another
+			// runtime build): retrying will not help.
+			return fail(fmt.Errorf("restore: %w", err))
+		}
 		return fail(fmt.Errorf("restore: %v: %w", err, errdefs.ErrUnavailable))
 	}
 	h, _ := json.Marshal(inst.Handle())

@@ -440,6 +440,25 @@ func testCheckpointRestore(t *testing.T, s Setup, d driver.Driver) {
 			t.Fatalf("child %d file = %q", i, out)
 		}
 	}
+	// A damaged image (its data files cut to half their size) fails cleanly: an
+	// error, a nil Instance (callers test it to clean up: a nil pointer in
+	// a non-nil interface crashed the server's fork), nothing left behind.
+	bad := filepath.Join(t.TempDir(), "damaged")
+	if err := damagedCopy(img, bad); err != nil {
+		t.Fatal(err)
+	}
+	spec := s.Spec(t)
+	child, err := r.Restore(ctx, spec, bad)
+	if err == nil {
+		_ = child.Destroy(context.Background())
+		t.Fatal("Restore of a damaged image succeeded")
+	}
+	if child != nil {
+		t.Fatalf("Restore failed (%v) but returned a non-nil Instance %#v", err, child)
+	}
+	if ents, err := os.ReadDir(spec.StateDir); err == nil && len(ents) > 0 {
+		t.Errorf("failed Restore left %d entries in its state dir", len(ents))
+	}
 	// Writes diverge.
 	for i, kc := range append(kids, c) {
 		if _, err := kc.WriteFile(ctx, "/home/user/state.txt", strings.NewReader(fmt.Sprintf("copy %d", i)), 0, ""); err != nil {
@@ -451,6 +470,33 @@ func testCheckpointRestore(t *testing.T, s Setup, d driver.Driver) {
 			t.Errorf("copy %d sees %q", i, out)
 		}
 	}
+}
+
+// damagedCopy copies the image dir src to dst, each regular file of 64 KiB
+// or more (the data, not the small metadata files that a restore reads
+// first) cut to half its size.
+func damagedCopy(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, e os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		out := filepath.Join(dst, rel)
+		if e.IsDir() {
+			return os.MkdirAll(out, 0o700)
+		}
+		if !e.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if len(b) >= 64<<10 {
+			b = b[:len(b)/2]
+		}
+		return os.WriteFile(out, b, 0o600)
+	})
 }
 
 // testExportUpper checks the writable layer export: a file written in the

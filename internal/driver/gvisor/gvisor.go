@@ -53,13 +53,18 @@ type Config struct {
 	// sandboxes still get every cycle nobody else wants. -1 leaves the
 	// weight alone.
 	GroupCPUShares int
-	Log            *slog.Logger
+	// AgentStore holds the agent binaries sandboxes run, by SHA-256
+	// (agent.go). Default: "agents" next to Root.
+	AgentStore string
+	Log        *slog.Logger
 }
 
 // Driver implements driver.Driver with runsc.
 type Driver struct {
-	cfg Config
-	log *slog.Logger
+	cfg    Config
+	log    *slog.Logger
+	digest runscDigest // of cfg.Runsc, for checkpoint image stamps
+	agents agentStore
 }
 
 var (
@@ -89,7 +94,12 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, errdefs.Unavailable("gvisor: %s --version: %v: %s", cfg.Runsc, err, bytes.TrimSpace(out))
 	}
-	d := &Driver{cfg: cfg, log: cfg.Log.With("driver", Name)}
+	if cfg.AgentStore == "" {
+		cfg.AgentStore = filepath.Join(filepath.Dir(cfg.Root), "agents")
+	}
+	d := &Driver{cfg: cfg, log: cfg.Log.With("driver", Name), agents: agentStore{dir: cfg.AgentStore}}
+	d.agents.gc()
+	go d.runscSHA256() // for checkpoint stamps; ready before the first one
 	if cfg.GroupCPUShares == 0 {
 		cfg.GroupCPUShares = cgroup.DefaultParentShares
 	}
@@ -119,7 +129,16 @@ type handleData struct {
 // Create implements driver.Driver: it writes the OCI bundle, opens the agent
 // socket. Nothing runs until Start (`runsc run --detach`).
 func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Instance, error) {
-	return d.launch(ctx, spec, "")
+	return asInstance(d.launch(ctx, spec, ""))
+}
+
+// asInstance returns launch's result as the interface: a nil interface,
+// not a nil *Instance in it, on error (callers test inst != nil to clean up).
+func asInstance(inst *Instance, err error) (driver.Instance, error) {
+	if err != nil {
+		return nil, err
+	}
+	return inst, nil
 }
 
 // Restore implements driver.Restorer: a new instance (its own id, state
@@ -129,7 +148,14 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, checkpointDir st
 	if _, err := os.Stat(filepath.Join(checkpointDir, "checkpoint.img")); err != nil {
 		return nil, errdefs.InvalidArgument("gvisor: %s is not a checkpoint image: %v", checkpointDir, err)
 	}
-	return d.launch(ctx, spec, checkpointDir)
+	st, err := readImageStamp(checkpointDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.checkImageStamp(st); err != nil {
+		return nil, err
+	}
+	return asInstance(d.launch(ctx, spec, checkpointDir))
 }
 
 // launch prepares an instance (bundle, state dirs, agent socket); given a
@@ -157,7 +183,31 @@ func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string) (_ 
 	if err := inst.listen(); err != nil {
 		return nil, err
 	}
-	cfgJSON, err := json.MarshalIndent(buildSpec(spec, inst.runDir()), "", "  ")
+	// The sandbox's own agent binary: the server's, or the one a
+	// checkpoint image carries (the process restored from it runs that).
+	agentSrc, agentSum := spec.AgentPath, ""
+	if image != "" {
+		st, err := readImageStamp(image)
+		if err != nil {
+			return nil, err
+		}
+		if st.AgentSHA256 != "" {
+			agentSrc, agentSum = filepath.Join(image, imageAgentFile), st.AgentSHA256
+		}
+	}
+	if err := d.pinAgent(inst, agentSrc, agentSum); err != nil {
+		return nil, err
+	}
+	spec.AgentPath = inst.agentPath()
+	cfg := buildSpec(spec, inst.runDir())
+	if image != "" {
+		recorded, err := checkpointMounts(image)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Mounts = conformMounts(cfg.Mounts, recorded)
+	}
+	cfgJSON, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +288,10 @@ func (i *Instance) Checkpoint(ctx context.Context, dir string, leaveRunning bool
 	if leaveRunning {
 		i.reconnectAgent(stale)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return i.stampImage(dir)
 }
 
 // ExportUpper implements driver.UpperExporter: the sandbox's writable layer
@@ -364,8 +417,9 @@ type Instance struct {
 	flags     []string              // runsc global flags of this sandbox (same for run and restore)
 	created   bool
 	started   bool
-	low       bool  // booted for the warm pool (driver.Spec.LowPriority)
-	memory    int64 // the sandbox's memory in bytes (0: read from the bundle)
+	low       bool   // booted for the warm pool (driver.Spec.LowPriority)
+	memory    int64  // the sandbox's memory in bytes (0: read from the bundle)
+	agentSum  string // SHA-256 of the pinned agent (agent.go); "" until known
 	pid       int
 	destroyed bool
 }

@@ -1,17 +1,23 @@
 package gvisor_test
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
+	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/driver/drivertest"
 	"github.com/spacesandbox/space/internal/driver/gvisor"
+	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/testenv"
 )
 
@@ -120,5 +126,123 @@ func TestDestroyRemovesCgroups(t *testing.T) {
 	if left := cgroups(cut.ID); len(left) > 0 {
 		os.Remove(made)
 		t.Errorf("cgroups left after Destroy of an unstarted sandbox: %v", left)
+	}
+}
+
+// A checkpoint restores after an upgrade of space: the sandbox ran an agent
+// binary that was then rewritten in place, and a mount layout older than
+// this build's (no /tmp mount: before /tmp was bounded); the restore is
+// given an agent path holding something else. The running sandbox keeps
+// its agent, the restored one runs the agent it was checkpointed with, with
+// its /tmp files and processes. An image made by another runsc build is
+// refused with a clear conflict, leaving nothing behind.
+func TestRestoreAcrossUpgrade(t *testing.T) {
+	runsc := testenv.Runsc(t)
+	tpl := testenv.Base(t)
+	root := t.TempDir()
+	ctx := t.Context()
+	d, err := gvisor.New(ctx, gvisor.Config{Runsc: runsc, Root: filepath.Join(root, "runsc"), Log: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := filepath.Join(root, "space-agent")
+	b, err := os.ReadFile(testenv.Agent(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(agent, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec := func() driver.Spec {
+		r := make([]byte, 6)
+		rand.Read(r)
+		id := "sb-test" + hex.EncodeToString(r)
+		return driver.Spec{ID: id, Hostname: "sandbox", Rootfs: tpl.Path, RootfsKind: "dir",
+			StateDir: filepath.Join(root, "sandboxes", id), AgentPath: agent, VCPU: 1, MemoryMB: 256}
+	}
+	parent := spec()
+	inst, err := d.Create(ctx, parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inst.Destroy(context.Background()) })
+	// The layout of an older build: no /tmp mount in the spec.
+	cfgPath := filepath.Join(parent.StateDir, "bundle", "config.json")
+	var cfg map[string]any
+	if b, err = os.ReadFile(cfgPath); err == nil {
+		err = json.Unmarshal(b, &cfg)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mounts []any
+	for _, m := range cfg["mounts"].([]any) {
+		if m.(map[string]any)["destination"] != "/tmp" {
+			mounts = append(mounts, m)
+		}
+	}
+	if len(mounts) == len(cfg["mounts"].([]any)) {
+		t.Fatal("the spec has no /tmp mount to take out")
+	}
+	cfg["mounts"] = mounts
+	if b, err = json.Marshal(cfg); err == nil {
+		err = os.WriteFile(cfgPath, b, 0o600)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := agentclient.New(inst.DialAgent, slog.Default())
+	t.Cleanup(func() { c.Close() })
+	if out, code := drivertest.Exec2(t, c, "user", "echo kept > /tmp/x && (sleep 3600 >/dev/null 2>&1 &) && echo started"); code != 0 || out != "started\n" {
+		t.Fatalf("setup: %q, exit %d", out, code)
+	}
+	// The server's agent binary is rewritten in place (an upgrade by cp).
+	if err := os.WriteFile(agent, []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := drivertest.Exec2(t, c, "user", "cat /tmp/x"); code != 0 || out != "kept\n" {
+		t.Fatalf("running sandbox after its agent binary was rewritten: %q, exit %d", out, code)
+	}
+	img := filepath.Join(root, "image")
+	if err := inst.(driver.Checkpointer).Checkpoint(ctx, img, true); err != nil {
+		t.Fatal(err)
+	}
+
+	child := spec()
+	kid, err := d.Restore(ctx, child, img)
+	if err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	t.Cleanup(func() { kid.Destroy(context.Background()) })
+	kc := agentclient.New(kid.DialAgent, slog.Default())
+	t.Cleanup(func() { kc.Close() })
+	if out, code := drivertest.Exec2(t, kc, "user", "cat /tmp/x; pgrep -x sleep >/dev/null && echo sleeping"); code != 0 || out != "kept\nsleeping\n" {
+		t.Fatalf("restored sandbox: %q, exit %d", out, code)
+	}
+
+	// An image from another runsc build.
+	stamp := filepath.Join(img, "space-image.json")
+	var st map[string]string
+	if b, err = os.ReadFile(stamp); err == nil {
+		err = json.Unmarshal(b, &st)
+	}
+	if err != nil || st["runsc_sha256"] == "" || st["agent_sha256"] == "" {
+		t.Fatalf("image stamp %v: %v", st, err)
+	}
+	st["runsc_sha256"] = strings.Repeat("0", 64)
+	b, _ = json.Marshal(st)
+	if err := os.WriteFile(stamp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	other := spec()
+	got, err := d.Restore(ctx, other, img)
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "another runsc build") || got != nil {
+		t.Fatalf("Restore of another runsc's image = %v, %v; want a conflict naming runsc and no instance", got, err)
+	}
+	if _, err := os.Stat(other.StateDir); !os.IsNotExist(err) {
+		t.Errorf("refused restore left its state dir: %v", err)
 	}
 }
