@@ -72,6 +72,12 @@ func TestWarmPool(t *testing.T) {
 		// not finished within this instant on a 2-core machine.
 		t.Logf("pooled right after a claim: %d", n)
 	}
+	// The pool warmed it up before the claim (agent.handleWarmup): nothing
+	// of that is left in the process list.
+	var procs struct{ Processes []map[string]any }
+	if code := s.do("GET", "/v1/sandboxes/"+a.ID+"/processes", s.key, nil, &procs); code != 200 || len(procs.Processes) != 0 {
+		t.Errorf("claimed sandbox's processes: %d %v, want none", code, procs.Processes)
+	}
 	if r := s.sh(a.ID, "echo $TENANT; hostname; id -un"); r.Stdout != "alpha\nsandbox\nuser\n" {
 		t.Errorf("claimed sandbox identity: %+v", r)
 	}

@@ -354,24 +354,44 @@ func (b *bench) concurrentCreatesExec(n int, thenExec bool) (create, toExec []ti
 
 // pooled reads the number of warm sandboxes from /metrics.
 func (b *bench) pooled() int {
+	ready, _ := b.poolCounts()
+	return ready
+}
+
+// poolCounts returns the warm sandboxes booted and ready
+// (space_pool_ready) and those recorded pooled, ready or still booting
+// (space_sandboxes{state="pooled"}).
+func (b *bench) poolCounts() (ready, recorded int) {
 	resp, err := http.Get(b.url + "/metrics")
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	// Warm sandboxes booted and ready (space_sandboxes{state="pooled"}
-	// also counts those still booting, whose creates would go cold).
-	n := 0
 	for _, l := range strings.Split(string(body), "\n") {
 		if rest, ok := strings.CutPrefix(l, "space_pool_ready{"); ok {
 			if _, v, ok := strings.Cut(rest, "} "); ok {
 				k, _ := strconv.Atoi(strings.TrimSpace(v))
-				n += k
+				ready += k
 			}
 		}
+		if v, ok := strings.CutPrefix(l, `space_sandboxes{state="pooled"} `); ok {
+			recorded, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
 	}
-	return n
+	return ready, recorded
+}
+
+// poolSettled waits (up to limit) until the pool has at least n ready and
+// no refill boot is under way.
+func (b *bench) poolSettled(n int, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if ready, recorded := b.poolCounts(); ready >= n && ready == recorded {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // memAvailable is the host's MemAvailable in bytes.

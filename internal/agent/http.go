@@ -38,6 +38,7 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("POST "+agentproto.PathFilesMove, a.handleMove)
 	mux.HandleFunc("GET "+agentproto.PathFilesWatch, a.handleWatch)
 	mux.HandleFunc("POST "+agentproto.PathReclaim, a.handleReclaim)
+	mux.HandleFunc("POST "+agentproto.PathWarmup, a.handleWarmup)
 	return mux
 }
 

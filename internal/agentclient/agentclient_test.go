@@ -942,6 +942,28 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// TestWarmup: the warm-up runs and leaves no process behind; processes
+// that were there stay untouched.
+func TestWarmup(t *testing.T) {
+	h := newHarness(t, agent.Options{})
+	ctx := t.Context()
+	pid, err := h.c.Start(ctx, agentproto.StartRequest{Cmd: []string{"sleep", "30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.Warmup(ctx); err != nil {
+		t.Fatalf("Warmup: %v", err)
+	}
+	ps, err := h.c.Processes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 1 || ps[0].PID != pid || !ps[0].Running {
+		t.Fatalf("processes after the warm-up: %+v, want only the running sleep %d", ps, pid)
+	}
+	_ = h.c.Signal(ctx, pid, "KILL")
+}
+
 // BenchmarkStdout measures streaming a process's stdout through the agent
 // and the client (host processes, no sandbox): bytes/s is the figure.
 func BenchmarkStdout(b *testing.B) {

@@ -194,6 +194,12 @@ func (c *Client) Reclaim(ctx context.Context) (agentproto.ReclaimResponse, error
 	return out, err
 }
 
+// Warmup has the agent run what a first command pays for once (see the
+// agent's handleWarmup): for sandboxes started ahead of demand.
+func (c *Client) Warmup(ctx context.Context) error {
+	return c.call(ctx, request{method: http.MethodPost, path: agentproto.PathWarmup}, nil)
+}
+
 // Resize resizes a PTY process's terminal.
 func (c *Client) Resize(ctx context.Context, pid int, size agentproto.PTYSize) error {
 	return c.call(ctx, request{method: http.MethodPost, path: procPath(agentproto.PathResize, pid), json: size}, nil)

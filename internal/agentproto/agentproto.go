@@ -35,6 +35,7 @@ const (
 	PathFilesMove  = "/v1/files/move"             // POST MoveRequest → FileInfo
 	PathFilesWatch = "/v1/files/watch"            // GET ?path=&recursive=1 → NDJSON WatchEvent stream
 	PathReclaim    = "/v1/memory/reclaim"         // POST → ReclaimResponse (kills the process using the most memory)
+	PathWarmup     = "/v1/warmup"                 // POST → 204 (runs what a first command would pay for; leaves no process behind)
 )
 
 // ReclaimResponse names the process the agent killed to free memory when

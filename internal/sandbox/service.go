@@ -94,6 +94,9 @@ type Service struct {
 	// identity delivery, a pool refill) waits for the burst to end.
 	creating   atomic.Int64
 	lastCreate atomic.Int64
+	// lastUse is when a request last reached a live sandbox (liveOf, unix
+	// ns): a pool refill that is not urgent waits for a quiet moment.
+	lastUse atomic.Int64
 }
 
 func isConflict(err error) bool { return errors.Is(err, errdefs.ErrConflict) }
@@ -218,6 +221,7 @@ func (s *Service) liveOf(ctx context.Context, c Caller, id string, states ...str
 	if err := l.wait(ctx); err != nil {
 		return sb, nil, err
 	}
+	s.lastUse.Store(time.Now().UnixNano())
 	return sb, l, nil
 }
 
