@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/spacesandbox/space/internal/digest"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -36,13 +37,13 @@ func Initramfs(ctx context.Context, cacheDir, modulesDir, agentPath string) (str
 	}
 	h := sha256.New()
 	io.WriteString(h, initramfsFormat+"\n")
-	ad, err := fileDigest(agentPath)
+	ad, err := digest.File(agentPath)
 	if err != nil {
 		return "", errdefs.Unavailable("vmimage: agent binary: %v", err)
 	}
 	io.WriteString(h, "agent "+ad+"\n")
 	for _, m := range mods {
-		d, err := fileDigest(m)
+		d, err := digest.File(m)
 		if err != nil {
 			return "", fmt.Errorf("vmimage: module: %w", err)
 		}

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/spacesandbox/space/internal/digest"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -38,7 +39,7 @@ func kernelFrom(ctx context.Context, cacheDir, bootDir, modRoot string) (string,
 	if !exists(filepath.Join(modulesDir, "modules.dep")) {
 		return "", "", errdefs.Unavailable("vmimage: modules of kernel %s missing in %s: reinstall %s", release, modulesDir, KernelPackage)
 	}
-	sum, err := fileDigest(vmlinuz)
+	sum, err := digest.File(vmlinuz)
 	if err != nil {
 		return "", "", fmt.Errorf("vmimage: %w", err)
 	}

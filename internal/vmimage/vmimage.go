@@ -11,12 +11,9 @@ package vmimage
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"github.com/spacesandbox/space/internal/filelock"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -56,20 +53,6 @@ func cached(ctx context.Context, dir, name string, build func(tmp string) error)
 // lockFile takes the cache's cross-process build lock on path.
 func lockFile(ctx context.Context, path string) (func(), error) {
 	return filelock.Lock(ctx, path)
-}
-
-// fileDigest is the hex SHA-256 of a file's content.
-func fileDigest(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func exists(path string) bool {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/spacesandbox/space/internal/digest"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/filelock"
 	"github.com/spacesandbox/space/internal/vmimage"
@@ -52,7 +53,7 @@ func (d *Driver) initramfs(ctx context.Context, agentPath string) (string, error
 	// vmimage names its archive by the digest of its own inputs.
 	fmt.Fprintf(h, "%s\nbase %s\n", initramfsFormat, filepath.Base(base))
 	for _, m := range extra {
-		sum, err := fileDigest(m)
+		sum, err := digest.File(m)
 		if err != nil {
 			return "", fmt.Errorf("firecracker: module: %w", err)
 		}
@@ -239,18 +240,4 @@ func (c *newcWriter) close() error {
 		return c.err
 	}
 	return c.w.Flush()
-}
-
-// fileDigest is the hex SHA-256 of a file's content.
-func fileDigest(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -22,6 +22,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/spacesandbox/space/internal/digest"
 )
 
 // agentStore is the driver's store of agent binaries by SHA-256.
@@ -62,7 +64,7 @@ func (i *Instance) agentSHA256() (string, error) {
 	if sum != "" {
 		return sum, nil
 	}
-	sum, err := hashFile(i.agentPath())
+	sum, err := digest.File(i.agentPath())
 	if err != nil {
 		return "", fmt.Errorf("gvisor: agent digest: %w", err)
 	}
@@ -88,7 +90,7 @@ func (d *Driver) pinAgent(i *Instance, src, want string) error {
 		if k := keyOf(fi); s.src == src && s.key == k {
 			sum = s.sum
 		} else {
-			if sum, err = hashFile(src); err != nil {
+			if sum, err = digest.File(src); err != nil {
 				return fmt.Errorf("gvisor: agent binary: %w", err)
 			}
 			s.src, s.key, s.sum = src, k, sum
@@ -187,17 +189,4 @@ func linkOrCopy(src, dst string) error {
 		return err
 	}
 	return out.Close()
-}
-
-func hashFile(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -61,10 +61,10 @@ type Config struct {
 
 // Driver implements driver.Driver with runsc.
 type Driver struct {
-	cfg    Config
-	log    *slog.Logger
-	digest runscDigest // of cfg.Runsc, for checkpoint image stamps
-	agents agentStore
+	cfg      Config
+	log      *slog.Logger
+	runscSum runscDigest // of cfg.Runsc, for checkpoint image stamps
+	agents   agentStore
 }
 
 var (

@@ -38,6 +38,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/spacesandbox/space/internal/digest"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -60,8 +61,8 @@ type runscDigest struct {
 }
 
 func (d *Driver) runscSHA256() (string, error) {
-	d.digest.once.Do(func() { d.digest.sum, d.digest.err = hashFile(d.cfg.Runsc) })
-	return d.digest.sum, d.digest.err
+	d.runscSum.once.Do(func() { d.runscSum.sum, d.runscSum.err = digest.File(d.cfg.Runsc) })
+	return d.runscSum.sum, d.runscSum.err
 }
 
 // stampImage completes the checkpoint image in dir: the agent binary the
