@@ -34,17 +34,17 @@ func TestConformance(t *testing.T) {
 			}
 			return d
 		},
-		Spec: func(t *testing.T) driver.Spec {
-			b := make([]byte, 6)
-			rand.Read(b)
-			id := "sb-test" + hex.EncodeToString(b)
-			return driver.Spec{
-				ID: id, Hostname: "sandbox", Rootfs: tpl.Path, RootfsKind: "dir",
-				StateDir: filepath.Join(root, "sandboxes", id), AgentPath: agent,
-				VCPU: 1, MemoryMB: 256,
-			}
-		},
+		Spec: func(t *testing.T) driver.Spec { return newSpec(root, tpl.Path, agent) },
 	})
+}
+
+// newSpec is a spec with a fresh id and state dir under root.
+func newSpec(root, rootfs, agent string) driver.Spec {
+	b := make([]byte, 6)
+	rand.Read(b)
+	id := "sb-test" + hex.EncodeToString(b)
+	return driver.Spec{ID: id, Hostname: "sandbox", Rootfs: rootfs, RootfsKind: "dir",
+		StateDir: filepath.Join(root, "sandboxes", id), AgentPath: agent, VCPU: 1, MemoryMB: 256}
 }
 
 // The pinned version in Go and in the Makefile must agree: the Makefile
@@ -72,13 +72,7 @@ func TestDestroyRemovesCgroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := func() driver.Spec {
-		b := make([]byte, 6)
-		rand.Read(b)
-		id := "sb-test" + hex.EncodeToString(b)
-		return driver.Spec{ID: id, Hostname: "sandbox", Rootfs: tpl.Path, RootfsKind: "dir",
-			StateDir: filepath.Join(root, "sandboxes", id), AgentPath: agent, VCPU: 1, MemoryMB: 256}
-	}
+	spec := func() driver.Spec { return newSpec(root, tpl.Path, agent) }
 	cgroups := func(id string) []string {
 		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/space", id))
 		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/space", id)); err == nil {
@@ -153,13 +147,7 @@ func TestRestoreAcrossUpgrade(t *testing.T) {
 	if err := os.WriteFile(agent, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	spec := func() driver.Spec {
-		r := make([]byte, 6)
-		rand.Read(r)
-		id := "sb-test" + hex.EncodeToString(r)
-		return driver.Spec{ID: id, Hostname: "sandbox", Rootfs: tpl.Path, RootfsKind: "dir",
-			StateDir: filepath.Join(root, "sandboxes", id), AgentPath: agent, VCPU: 1, MemoryMB: 256}
-	}
+	spec := func() driver.Spec { return newSpec(root, tpl.Path, agent) }
 	parent := spec()
 	inst, err := d.Create(ctx, parent)
 	if err != nil {
