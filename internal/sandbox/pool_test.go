@@ -53,3 +53,32 @@ func TestAfterBurstQuiet(t *testing.T) {
 	close(wake)
 	s.afterBurst(wake, time.Hour, time.Hour)
 }
+
+// TestAdaptTarget: the target follows the claim rate of the last 30 s
+// (claims expected while one sandbox boots, twice over), from the base
+// size up to the maximum; a lone claim does not grow it.
+func TestAdaptTarget(t *testing.T) {
+	now := time.Now()
+	for _, c := range []struct {
+		claims int
+		boot   time.Duration
+		want   int64
+	}{
+		{0, time.Second, 2},
+		{1, time.Second, 2},      // 2 × 1/30 × 1 s ≈ 0.07
+		{1, 2 * time.Second, 2},  // ≈ 0.13
+		{20, 2 * time.Second, 5}, // 2 × 20/30 × 2 s ≈ 2.7
+		{60, 3 * time.Second, 8}, // 12, capped at max
+		{30, 500 * time.Millisecond, 3},
+	} {
+		p := &pool{base: 2, max: 8, boot: c.boot}
+		for i := 0; i < c.claims; i++ {
+			p.claims = append(p.claims, now.Add(-time.Duration(c.claims-i)*100*time.Millisecond))
+		}
+		p.claims = append([]time.Time{now.Add(-time.Minute)}, p.claims...) // too old to count
+		p.adapt()
+		if got := p.target.Load(); got != c.want {
+			t.Errorf("%d claims, boot %v: target %d, want %d", c.claims, c.boot, got, c.want)
+		}
+	}
+}
