@@ -129,7 +129,7 @@ type handleData struct {
 // Create implements driver.Driver: it writes the OCI bundle, opens the agent
 // socket. Nothing runs until Start (`runsc run --detach`).
 func (d *Driver) Create(ctx context.Context, spec driver.Spec) (driver.Instance, error) {
-	return asInstance(d.launch(ctx, spec, ""))
+	return asInstance(d.launch(ctx, spec, "", imageStamp{}))
 }
 
 // asInstance returns launch's result as the interface: a nil interface,
@@ -155,12 +155,13 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, checkpointDir st
 	if err := d.checkImageStamp(st); err != nil {
 		return nil, err
 	}
-	return asInstance(d.launch(ctx, spec, checkpointDir))
+	return asInstance(d.launch(ctx, spec, checkpointDir, st))
 }
 
 // launch prepares an instance (bundle, state dirs, agent socket); given a
-// checkpoint image it also runs `runsc restore --detach`.
-func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string) (_ *Instance, err error) {
+// checkpoint image (and its stamp, read by Restore) it also runs
+// `runsc restore --detach`.
+func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string, st imageStamp) (_ *Instance, err error) {
 	if err := d.normalize(&spec); err != nil {
 		return nil, err
 	}
@@ -186,14 +187,8 @@ func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string) (_ 
 	// The sandbox's own agent binary: the server's, or the one a
 	// checkpoint image carries (the process restored from it runs that).
 	agentSrc, agentSum := spec.AgentPath, ""
-	if image != "" {
-		st, err := readImageStamp(image)
-		if err != nil {
-			return nil, err
-		}
-		if st.AgentSHA256 != "" {
-			agentSrc, agentSum = filepath.Join(image, imageAgentFile), st.AgentSHA256
-		}
+	if st.AgentSHA256 != "" {
+		agentSrc, agentSum = filepath.Join(image, imageAgentFile), st.AgentSHA256
 	}
 	if err := d.pinAgent(inst, agentSrc, agentSum); err != nil {
 		return nil, err
