@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +13,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/spacesandbox/space/internal/e2b/gen/process"
+	"github.com/spacesandbox/space/internal/e2b/gen/process/processconnect"
 )
 
 // TestE2BSDK runs the unmodified E2B JS SDKs (e2e/e2b: e2b@2.51.0, e2b@2.50.0
@@ -120,4 +127,151 @@ func (s *server) teamKey(team string) string {
 		s.t.Fatalf("create key for team %s: %d", team, code)
 	}
 	return k.Key
+}
+
+// TestE2BAcrossRestart: what the E2B facade keeps for a sandbox outlives
+// the server. The unmodified SDK creates code contexts with state, the
+// server restarts, and the same contexts (and the default one) answer with
+// their state, also in a fork's child (e2b/restart.mjs); a process started
+// with a tag through envd's process API is found by its tag afterwards.
+func TestE2BAcrossRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real sandboxes and Node")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node not found on PATH: %v", err)
+	}
+	dir, err := filepath.Abs("e2b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	npmInstall(t, dir)
+
+	addr := freeAddr(t)
+	s := startServer(t, "", "--e2b-listen", addr, "--snapshot-interval", "-1")
+	s.buildTemplate("python-data")
+	key := s.teamKey("e2b-restart")
+	url := "http://" + addr
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	runNode := func(args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, node, append([]string{"restart.mjs"}, args...)...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "E2B_API_KEY="+key, "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "NO_COLOR=1", "E2B_DEBUG=")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("node restart.mjs %s: %v\n%s%s", args[0], err, out, stderr.String())
+		}
+		return strings.TrimSpace(string(out))
+	}
+
+	before := runNode("before")
+	var made struct{ ID string }
+	if err := json.Unmarshal([]byte(before), &made); err != nil || made.ID == "" {
+		t.Fatalf("before: %q: %v", before, err)
+	}
+
+	// envd's process API, as the SDKs speak it (Connect), with a tag.
+	procs := func() processconnect.ProcessClient {
+		token := e2bAccessToken(t, url, key, made.ID)
+		return processconnect.NewProcessClient(http.DefaultClient, url, connect.WithInterceptors(connect.UnaryInterceptorFunc(
+			func(next connect.UnaryFunc) connect.UnaryFunc {
+				return func(ctx context.Context, r connect.AnyRequest) (connect.AnyResponse, error) {
+					r.Header().Set("E2b-Sandbox-Id", made.ID)
+					r.Header().Set("X-Access-Token", token)
+					return next(ctx, r)
+				}
+			})))
+	}
+	streamHeaders := func(r *connect.Request[process.StartRequest]) {
+		r.Header().Set("E2b-Sandbox-Id", made.ID)
+		r.Header().Set("X-Access-Token", e2bAccessToken(t, url, key, made.ID))
+	}
+	start := func(tag string) (*connect.ServerStreamForClient[process.StartResponse], error) {
+		req := connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "sleep", Args: []string{"600"}}, Tag: &tag})
+		streamHeaders(req)
+		return procs().Start(ctx, req)
+	}
+	st, err := start("worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Receive() || st.Msg().GetEvent().GetStart() == nil {
+		t.Fatalf("start: no start event: %v", st.Err())
+	}
+	pid := st.Msg().GetEvent().GetStart().GetPid()
+	st.Close()
+	reserved, err := start("space.e2b-context:{}")
+	if err == nil {
+		if reserved.Receive() {
+			err = errors.New("started")
+		} else {
+			err = reserved.Err()
+		}
+		reserved.Close()
+	}
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("a reserved tag: %v, want invalid_argument", err)
+	}
+
+	s.stop(false)
+	s.start()
+
+	c := procs()
+	list, err := c.List(ctx, connect.NewRequest(&process.ListRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tagged uint32
+	for _, p := range list.Msg.GetProcesses() {
+		if p.GetTag() == "worker" {
+			tagged = p.GetPid()
+		}
+	}
+	if tagged != pid {
+		t.Errorf("after the restart the process tagged worker is pid %d, want %d (list %v)", tagged, pid, list.Msg.GetProcesses())
+	}
+	if _, err := c.SendSignal(ctx, connect.NewRequest(&process.SendSignalRequest{
+		Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Tag{Tag: "worker"}}, Signal: process.Signal_SIGNAL_SIGKILL,
+	})); err != nil {
+		t.Errorf("signal by tag after the restart: %v", err)
+	}
+	waitFor(t, "the tagged process to end", 10*time.Second, func() bool {
+		l, err := c.List(ctx, connect.NewRequest(&process.ListRequest{}))
+		if err != nil {
+			return false
+		}
+		for _, p := range l.Msg.GetProcesses() {
+			if p.GetPid() == pid {
+				return false
+			}
+		}
+		return true
+	})
+
+	runNode("after", before)
+}
+
+// e2bAccessToken is a sandbox's envd access token, from the E2B connect call.
+func e2bAccessToken(t *testing.T, url, key, id string) string {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/sandboxes/"+id+"/connect", strings.NewReader(`{"timeout":600}`))
+	req.Header.Set("X-API-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v struct {
+		Token string `json:"envdAccessToken"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || v.Token == "" {
+		t.Fatalf("connect %s: %d %v", id, resp.StatusCode, err)
+	}
+	return v.Token
 }

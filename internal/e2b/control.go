@@ -271,16 +271,13 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// forget drops what the facade keeps in memory for a killed sandbox (code
-// contexts, process tags). Sandboxes that end otherwise (timeout) leave a
-// few bytes until the server restarts.
+// forget drops what the facade keeps in memory for a killed sandbox (its
+// code contexts). Sandboxes that end otherwise (timeout) leave a few bytes
+// until the server restarts.
 func (h *Handler) forget(id string) {
 	h.interpState.mu.Lock()
-	delete(h.interpState.contexts, id)
+	delete(h.interpState.sandboxes, id)
 	h.interpState.mu.Unlock()
-	h.procs.mu.Lock()
-	delete(h.procs.tags, id)
-	h.procs.mu.Unlock()
 }
 
 type timeoutBody struct {

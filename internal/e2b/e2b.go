@@ -87,7 +87,7 @@ func New(cfg Config) (*Handler, error) {
 	h := &Handler{cfg: cfg, svc: cfg.Service, log: cfg.Log.With("api", "e2b"), tokenKey: key, watchers: newWatchers()}
 	h.control = h.controlMux()
 	h.envd = h.envdMux()
-	h.interpState = &interpreter{contexts: map[string]map[string]*codeContext{}}
+	h.interpState = &interpreter{sandboxes: map[string]map[string]*codeContext{}}
 	h.interp = h.interpreterMux()
 	return h, nil
 }

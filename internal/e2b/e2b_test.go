@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spacesandbox/space/internal/agentproto"
 )
@@ -111,5 +112,44 @@ func TestNetworkSpec(t *testing.T) {
 	}
 	if s := networkSpec(&no, []string{"example.com"}, []string{"bad.com"}); s == nil || s.Allow[0] != "example.com" || s.Deny[0] != "bad.com" {
 		t.Errorf("allow list = %+v", s)
+	}
+}
+
+// TestKernelTag: a kernel's tag names its context and is read back; other
+// tags, and tags with a bad context, name none.
+func TestKernelTag(t *testing.T) {
+	c := &codeContext{ID: "0123abcd", Language: "javascript", Cwd: "/home/user/my dir"}
+	got, ok := contextOfTag(kernelTag(c))
+	if !ok || got.ID != c.ID || got.Language != c.Language || got.Cwd != c.Cwd {
+		t.Fatalf("round trip: %+v %v", got, ok)
+	}
+	for _, tag := range []string{"", "worker", kernelTagPrefix, kernelTagPrefix + "{", kernelTagPrefix + `{"language":"python"}`,
+		kernelTagPrefix + `{"id":"x","language":"cobol"}`, "x" + kernelTag(c)} {
+		if c, ok := contextOfTag(tag); ok {
+			t.Errorf("tag %q names context %+v", tag, c)
+		}
+	}
+	if !strings.HasPrefix(kernelTag(c), reservedTagPrefix) {
+		t.Error("kernel tags must be reserved")
+	}
+}
+
+// TestRunningTagged: a tag selects the latest started running process.
+func TestRunningTagged(t *testing.T) {
+	t0 := time.Now()
+	procs := []agentproto.Process{
+		{PID: 1, Tag: "w", Running: true, StartedAt: t0},
+		{PID: 2, Tag: "w", Running: true, StartedAt: t0.Add(time.Second)},
+		{PID: 3, Tag: "w", Running: false, StartedAt: t0.Add(2 * time.Second)},
+		{PID: 4, Tag: "other", Running: true, StartedAt: t0.Add(3 * time.Second)},
+	}
+	if p, ok := runningTagged(procs, "w"); !ok || p.PID != 2 {
+		t.Errorf("w: %d %v, want 2", p.PID, ok)
+	}
+	if _, ok := runningTagged(procs, "gone"); ok {
+		t.Error("a tag nobody has was found")
+	}
+	if _, ok := runningTagged(procs[2:3], "w"); ok {
+		t.Error("an exited process was selected")
 	}
 }

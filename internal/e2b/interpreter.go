@@ -45,13 +45,78 @@ type codeContext struct {
 
 	mu   sync.Mutex // one execution at a time
 	pid  int
-	seq  uint64 // next event to read
+	seq  uint64 // next event to read; 0: not known yet (a kernel found by its tag)
 	part []byte // an unfinished output line
 }
 
+// The contexts of a sandbox live in its agent: each kernel process carries
+// a tag naming its context (kernelTag), so a restarted server, and the
+// children of a fork (whose agents hold copies of the kernels), find them.
+// The interpreter keeps what it found per sandbox, with what only it knows
+// (the read position in each kernel's output, the execution lock).
 type interpreter struct {
-	mu       sync.Mutex
-	contexts map[string]map[string]*codeContext // sandbox id → context id → context
+	mu        sync.Mutex
+	sandboxes map[string]map[string]*codeContext // sandbox id → context id → context
+}
+
+// kernelTagPrefix starts a kernel's process tag; the rest is the context
+// as JSON.
+const kernelTagPrefix = reservedTagPrefix + "e2b-context:"
+
+func kernelTag(c *codeContext) string {
+	b, _ := json.Marshal(c)
+	return kernelTagPrefix + string(b)
+}
+
+// contextOfTag is the context a kernel's tag names.
+func contextOfTag(tag string) (*codeContext, bool) {
+	rest, ok := strings.CutPrefix(tag, kernelTagPrefix)
+	if !ok {
+		return nil, false
+	}
+	var c codeContext
+	if json.Unmarshal([]byte(rest), &c) != nil || c.ID == "" {
+		return nil, false
+	}
+	if _, err := normLanguage(c.Language); err != nil {
+		return nil, false
+	}
+	return &c, true
+}
+
+// contexts returns the sandbox's contexts, found from its running kernels
+// the first time (the caller holds h.interpState.mu to use the map).
+func (h *Handler) contexts(ctx context.Context, t envdTarget) (map[string]*codeContext, error) {
+	h.interpState.mu.Lock()
+	m := h.interpState.sandboxes[t.id]
+	h.interpState.mu.Unlock()
+	if m != nil {
+		return m, nil
+	}
+	procs, err := h.svc.Processes(ctx, t.caller, t.id)
+	if err != nil {
+		return nil, err
+	}
+	found := map[string]*codeContext{}
+	started := map[string]time.Time{}
+	for _, pr := range procs {
+		c, ok := contextOfTag(pr.Tag)
+		if !ok || !pr.Running {
+			continue
+		}
+		if at, seen := started[c.ID]; seen && at.After(pr.StartedAt) {
+			continue
+		}
+		c.pid = pr.PID
+		found[c.ID], started[c.ID] = c, pr.StartedAt
+	}
+	h.interpState.mu.Lock()
+	defer h.interpState.mu.Unlock()
+	if m := h.interpState.sandboxes[t.id]; m != nil {
+		return m, nil // found by a concurrent request first
+	}
+	h.interpState.sandboxes[t.id] = found
+	return found, nil
 }
 
 func (h *Handler) interpreterMux() http.Handler {
@@ -102,13 +167,12 @@ func normLanguage(l string) (string, error) {
 // contextFor returns the context with id cid, or the default context of
 // language when cid is empty (started on first use).
 func (h *Handler) contextFor(ctx context.Context, t envdTarget, cid, language string) (*codeContext, error) {
+	m, err := h.contexts(ctx, t)
+	if err != nil {
+		return nil, err
+	}
 	h.interpState.mu.Lock()
 	defer h.interpState.mu.Unlock()
-	m := h.interpState.contexts[t.id]
-	if m == nil {
-		m = map[string]*codeContext{}
-		h.interpState.contexts[t.id] = m
-	}
 	if cid != "" {
 		c := m[cid]
 		if c == nil {
@@ -137,7 +201,7 @@ func (h *Handler) startKernel(ctx context.Context, t envdTarget, c *codeContext)
 	if _, err := h.svc.WriteFile(ctx, t.caller, t.id, file, bytes.NewReader(src)); err != nil {
 		return err
 	}
-	pid, err := h.svc.Exec(ctx, t.caller, t.id, sandbox.ExecRequest{Cmd: argv, Cwd: c.Cwd, OpenStdin: true, Background: true})
+	pid, err := h.svc.Exec(ctx, t.caller, t.id, sandbox.ExecRequest{Cmd: argv, Cwd: c.Cwd, OpenStdin: true, Background: true, Tag: kernelTag(c)})
 	if err != nil {
 		return err
 	}
@@ -187,6 +251,14 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 			h.writeError(w, r, err)
 			return
 		}
+	} else if c.seq == 0 {
+		// A kernel found by its tag: what it printed before is not this
+		// execution's; read from the end of its log.
+		if c.seq, err = h.logEnd(ctx, t, c.pid); err != nil {
+			h.writeError(w, r, err)
+			return
+		}
+		c.part = nil
 	}
 	line, _ := json.Marshal(map[string]any{"code": b.Code, "env": b.EnvVars})
 	if err := h.svc.Stdin(ctx, t.caller, t.id, c.pid, bytes.NewReader(append(line, '\n')), false); err != nil {
@@ -266,11 +338,37 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// logEnd is the seq after the last event a process's log holds.
+func (h *Handler) logEnd(ctx context.Context, t envdTarget, pid int) (uint64, error) {
+	evs, err := h.svc.Events(ctx, t.caller, t.id, pid, 1, false)
+	if err != nil {
+		return 0, err
+	}
+	defer evs.Close()
+	next := uint64(1)
+	for {
+		ev, err := evs.Next()
+		if errors.Is(err, io.EOF) {
+			return next, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		next = ev.Seq + 1
+		evs.Recycle(ev.Data)
+	}
+}
+
 func (h *Handler) listContexts(w http.ResponseWriter, r *http.Request) {
 	t := targetOf(r.Context())
+	m, err := h.contexts(r.Context(), t)
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
 	h.interpState.mu.Lock()
 	out := []map[string]string{}
-	for _, c := range h.interpState.contexts[t.id] {
+	for _, c := range m {
 		out = append(out, map[string]string{"id": c.ID, "language": c.Language, "cwd": c.Cwd})
 	}
 	h.interpState.mu.Unlock()
@@ -295,6 +393,11 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 	if b.Cwd == "" {
 		b.Cwd = "/home/user"
 	}
+	m, err := h.contexts(r.Context(), t)
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
 	id := make([]byte, 8)
 	rand.Read(id)
 	c := &codeContext{ID: hex.EncodeToString(id), Language: lang, Cwd: b.Cwd}
@@ -306,10 +409,7 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.interpState.mu.Lock()
-	if h.interpState.contexts[t.id] == nil {
-		h.interpState.contexts[t.id] = map[string]*codeContext{}
-	}
-	h.interpState.contexts[t.id][c.ID] = c
+	m[c.ID] = c
 	h.interpState.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]string{"id": c.ID, "language": c.Language, "cwd": c.Cwd})
 }
@@ -317,9 +417,14 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) removeContext(w http.ResponseWriter, r *http.Request) {
 	t := targetOf(r.Context())
 	cid := r.PathValue("cid")
+	m, err := h.contexts(r.Context(), t)
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
 	h.interpState.mu.Lock()
-	c := h.interpState.contexts[t.id][cid]
-	delete(h.interpState.contexts[t.id], cid)
+	c := m[cid]
+	delete(m, cid)
 	h.interpState.mu.Unlock()
 	if c == nil {
 		writeJSONError(w, http.StatusNotFound, "context "+cid+" not found")

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -25,12 +24,15 @@ import (
 const keepaliveEvery = 30 * time.Second
 
 // processServer is envd's process.Process over the sandbox service.
+// Process tags are kept by the agent with the process (ExecRequest.Tag),
+// so they are found after a server restart and in a fork's children.
 type processServer struct {
 	h *Handler
-
-	mu   sync.Mutex
-	tags map[string]map[string]int // sandbox id → tag → pid
 }
+
+// reservedTagPrefix starts the tags the facade gives its own processes
+// (code-interpreter kernels); a caller cannot choose one.
+const reservedTagPrefix = "space."
 
 var _ processconnect.ProcessHandler = (*processServer)(nil)
 
@@ -55,13 +57,14 @@ func (p *processServer) pid(ctx context.Context, sel *process.ProcessSelector) (
 		return int(s.Pid), nil
 	case *process.ProcessSelector_Tag:
 		t := targetOf(ctx)
-		p.mu.Lock()
-		pid, ok := p.tags[t.id][s.Tag]
-		p.mu.Unlock()
-		if !ok {
-			return 0, errdefs.NotFound("process with tag %q not found", s.Tag)
+		procs, err := p.h.svc.Processes(ctx, t.caller, t.id)
+		if err != nil {
+			return 0, err
 		}
-		return pid, nil
+		if pr, ok := runningTagged(procs, s.Tag); ok {
+			return pr.PID, nil
+		}
+		return 0, errdefs.NotFound("process with tag %q not found", s.Tag)
 	}
 	return 0, errdefs.InvalidArgument("process: give a pid or a tag")
 }
@@ -73,9 +76,13 @@ func (p *processServer) Start(ctx context.Context, req *connect.Request[process.
 	if cfg.GetCmd() == "" {
 		return connectError(errdefs.InvalidArgument("process.cmd: required"))
 	}
+	if strings.HasPrefix(m.GetTag(), reservedTagPrefix) {
+		return connectError(errdefs.InvalidArgument("tag: the prefix %q is reserved", reservedTagPrefix))
+	}
 	er := sandbox.ExecRequest{
 		Cmd: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), Env: cfg.GetEnvs(), Cwd: cfg.GetCwd(),
 		User: userOf(req.Header()), OpenStdin: m.Stdin == nil || m.GetStdin(), Background: true,
+		Tag: m.GetTag(),
 	}
 	isPTY := m.Pty != nil
 	if isPTY {
@@ -86,17 +93,6 @@ func (p *processServer) Start(ctx context.Context, req *connect.Request[process.
 	pid, evs, err := p.h.svc.Run(ctx, t.caller, t.id, er)
 	if err != nil {
 		return connectError(err)
-	}
-	if tag := m.GetTag(); tag != "" {
-		p.mu.Lock()
-		if p.tags == nil {
-			p.tags = map[string]map[string]int{}
-		}
-		if p.tags[t.id] == nil {
-			p.tags[t.id] = map[string]int{}
-		}
-		p.tags[t.id][tag] = pid
-		p.mu.Unlock()
 	}
 	return p.stream(ctx, t, pid, isPTY, evs, func(ev *process.ProcessEvent) error {
 		return stream.Send(&process.StartResponse{Event: ev})
@@ -242,12 +238,6 @@ func (p *processServer) List(ctx context.Context, req *connect.Request[process.L
 	if err != nil {
 		return nil, connectError(err)
 	}
-	p.mu.Lock()
-	tags := map[int]string{}
-	for tag, pid := range p.tags[t.id] {
-		tags[pid] = tag
-	}
-	p.mu.Unlock()
 	out := &process.ListResponse{}
 	for _, pr := range procs {
 		if !pr.Running || len(pr.Cmd) == 0 {
@@ -258,9 +248,7 @@ func (p *processServer) List(ctx context.Context, req *connect.Request[process.L
 			cwd := pr.Cwd
 			info.Config.Cwd = &cwd
 		}
-		if tag, ok := tags[pr.PID]; ok {
-			info.Tag = &tag
-		} else if pr.Tag != "" {
+		if pr.Tag != "" {
 			tag := pr.Tag
 			info.Tag = &tag
 		}
@@ -359,4 +347,17 @@ func (p *processServer) CloseStdin(ctx context.Context, req *connect.Request[pro
 		return nil, connectError(err)
 	}
 	return connect.NewResponse(&process.CloseStdinResponse{}), nil
+}
+
+// runningTagged returns the running process with tag, the latest started
+// when several have it.
+func runningTagged(procs []agentproto.Process, tag string) (agentproto.Process, bool) {
+	var found agentproto.Process
+	ok := false
+	for _, pr := range procs {
+		if pr.Running && pr.Tag == tag && (!ok || pr.StartedAt.After(found.StartedAt)) {
+			found, ok = pr, true
+		}
+	}
+	return found, ok
 }

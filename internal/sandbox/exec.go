@@ -3,7 +3,10 @@ package sandbox
 import (
 	"context"
 	"io"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
@@ -24,7 +27,14 @@ type ExecRequest struct {
 	TimeoutS   int
 	Background bool
 	PTY        *agentproto.PTYSize
+	// Tag is a label the agent keeps with the process and lists with it,
+	// so it outlives the server (the E2B facade's process tags and code
+	// contexts are found by it after a restart or in a fork).
+	Tag string
 }
+
+// maxTagBytes bounds a process tag.
+const maxTagBytes = 1024
 
 const maxArgBytes = 1 << 20
 
@@ -58,6 +68,9 @@ func (r *ExecRequest) validate() error {
 		if _, err := cleanPath(r.Cwd); err != nil {
 			return err
 		}
+	}
+	if len(r.Tag) > maxTagBytes || !utf8.ValidString(r.Tag) || strings.ContainsFunc(r.Tag, unicode.IsControl) {
+		return errdefs.InvalidArgument("tag: at most %d bytes of printable UTF-8", maxTagBytes)
 	}
 	return nil
 }
@@ -105,7 +118,7 @@ func (r ExecRequest) agentRequest() agentproto.StartRequest {
 	return agentproto.StartRequest{
 		Cmd: r.Cmd, Shell: r.Shell, Env: r.Env, Cwd: r.Cwd, User: r.User,
 		Stdin: r.OpenStdin || r.PTY != nil, StdinData: r.Stdin,
-		TimeoutMS: int64(r.TimeoutS) * 1000, PTY: r.PTY,
+		TimeoutMS: int64(r.TimeoutS) * 1000, PTY: r.PTY, Tag: r.Tag,
 	}
 }
 
