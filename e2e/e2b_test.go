@@ -25,24 +25,7 @@ import (
 // sandboxes. It installs the pinned npm packages first when node_modules is
 // missing (npm ci from the committed lockfile).
 func TestE2BSDK(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs real sandboxes and Node")
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatalf("node not found on PATH (Node >= 20.18.1 runs the E2B SDK suite): %v", err)
-	}
-	dir, err := filepath.Abs("e2b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	npmInstall(t, dir)
-
-	addr := freeAddr(t)
-	s := startServer(t, "", "--e2b-listen", addr, "--snapshot-interval", "-1")
-	// code-interpreter-v1 maps to space's python-data template (matplotlib):
-	// built once into the shared cache, a cache hit afterwards.
-	s.buildTemplate("python-data")
+	node, dir, s, addr := e2bServer(t)
 	teamKey := s.teamKey("e2b-sdk")
 	otherKey := s.teamKey("e2b-other")
 
@@ -67,6 +50,29 @@ func TestE2BSDK(t *testing.T) {
 	if err != nil {
 		t.Fatalf("E2B SDK suite failed: %v", err)
 	}
+}
+
+// e2bServer finds node, installs the pinned SDKs into e2b/ and starts a
+// server with the E2B facade on addr and the python-data template built.
+func e2bServer(t *testing.T) (node, dir string, s *server, addr string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs real sandboxes and Node")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node not found on PATH (Node >= 20.18.1 runs the E2B SDK suite): %v", err)
+	}
+	if dir, err = filepath.Abs("e2b"); err != nil {
+		t.Fatal(err)
+	}
+	npmInstall(t, dir)
+	addr = freeAddr(t)
+	s = startServer(t, "", "--e2b-listen", addr, "--snapshot-interval", "-1")
+	// code-interpreter-v1 maps to space's python-data template (matplotlib):
+	// built once into the shared cache, a cache hit afterwards.
+	s.buildTemplate("python-data")
+	return node, dir, s, addr
 }
 
 // npmInstall installs e2e/e2b's pinned packages unless they are there.
@@ -135,22 +141,7 @@ func (s *server) teamKey(team string) string {
 // their state, also in a fork's child (e2b/restart.mjs); a process started
 // with a tag through envd's process API is found by its tag afterwards.
 func TestE2BAcrossRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs real sandboxes and Node")
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatalf("node not found on PATH: %v", err)
-	}
-	dir, err := filepath.Abs("e2b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	npmInstall(t, dir)
-
-	addr := freeAddr(t)
-	s := startServer(t, "", "--e2b-listen", addr, "--snapshot-interval", "-1")
-	s.buildTemplate("python-data")
+	node, dir, s, addr := e2bServer(t)
 	key := s.teamKey("e2b-restart")
 	url := "http://" + addr
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
