@@ -673,3 +673,67 @@ func testReadPseudoFile(t *testing.T, drv string) {
 		t.Errorf("empty file: %d %q", resp.StatusCode, b)
 	}
 }
+
+func TestMetrics(t *testing.T) { forEachDriver(t, testMetrics) }
+
+// testMetrics: GET /v1/sandboxes/{id}/metrics reports the guest's use
+// within the sandbox's limits; a written file shows in the disk use (under
+// gVisor too, whose writable layer lives on the host); another team's key
+// sees nothing; a paused sandbox answers a conflict naming its state.
+func testMetrics(t *testing.T, drv string) {
+	s := sharedServer(t)
+	id := s.createOn(t, drv, map[string]any{"timeout_s": 600, "cpu": 1})
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	var sb struct {
+		MemoryMB int `json:"memory_mb"`
+	}
+	s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb)
+	type usage struct {
+		Timestamp      time.Time `json:"timestamp"`
+		CPUCount       int       `json:"cpu_count"`
+		CPUUsedPct     float64   `json:"cpu_used_pct"`
+		MemUsedBytes   int64     `json:"mem_used_bytes"`
+		MemTotalBytes  int64     `json:"mem_total_bytes"`
+		DiskUsedBytes  int64     `json:"disk_used_bytes"`
+		DiskTotalBytes int64     `json:"disk_total_bytes"`
+	}
+	get := func() usage {
+		t.Helper()
+		var u usage
+		if code := s.do("GET", "/v1/sandboxes/"+id+"/metrics", s.key, nil, &u); code != 200 {
+			t.Fatalf("metrics: %d", code)
+		}
+		return u
+	}
+	u := get()
+	if u.CPUCount != 1 || u.CPUUsedPct < 0 || u.CPUUsedPct > 100 || time.Since(u.Timestamp) > time.Minute {
+		t.Errorf("cpu: %+v", u)
+	}
+	if u.MemTotalBytes <= 0 || u.MemTotalBytes > int64(sb.MemoryMB)<<20 || u.MemUsedBytes <= 0 || u.MemUsedBytes > u.MemTotalBytes {
+		t.Errorf("memory (sandbox %d MB): %+v", sb.MemoryMB, u)
+	}
+	if u.DiskTotalBytes <= 0 || u.DiskUsedBytes < 0 {
+		t.Errorf("disk: %+v", u)
+	}
+	if r := s.sh(id, "head -c 20000000 /dev/urandom > /home/user/blob && sync"); r.ExitCode != 0 {
+		t.Fatalf("write: %+v", r)
+	}
+	if after := get(); after.DiskUsedBytes < u.DiskUsedBytes+20000000 {
+		t.Errorf("disk use after writing 20 MB: %d, before %d", after.DiskUsedBytes, u.DiskUsedBytes)
+	}
+
+	var e apiError
+	other := s.teamKey("metrics-other-" + drv)
+	if code := s.do("GET", "/v1/sandboxes/"+id+"/metrics", other, nil, &e); code != 404 || e.Error != "not_found" {
+		t.Errorf("another team's key: %d %+v", code, e)
+	}
+	if code := s.do("GET", "/v1/sandboxes/sb-doesnotexist/metrics", s.key, nil, &e); code != 404 || e.Error != "not_found" {
+		t.Errorf("unknown sandbox: %d %+v", code, e)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/pause", s.key, nil, nil); code != 200 {
+		t.Fatalf("pause: %d", code)
+	}
+	if code := s.do("GET", "/v1/sandboxes/"+id+"/metrics", s.key, nil, &e); code != 409 || e.State != "paused" {
+		t.Errorf("paused: %d %+v", code, e)
+	}
+}

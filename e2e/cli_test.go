@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -79,6 +80,13 @@ func TestCLI(t *testing.T) {
 	out, _, _ = run("", "list")
 	if !strings.Contains(out, id) {
 		t.Errorf("list lacks %s: %q", id, out)
+	}
+	out, errOut, code = run("", "metrics", id)
+	if code != 0 || !regexp.MustCompile(`(?m)^cpu +[0-9.]+% of 1\nmemory +[0-9.]+[KMG]iB of [0-9.]+[KMG]iB \(cache [0-9.]+[KMG]?i?B\)\ndisk +[0-9.]+[KMG]?i?B of [0-9.]+[KMGT]iB\n$`).MatchString(out) {
+		t.Errorf("metrics: %d %q %q", code, out, errOut)
+	}
+	if _, errOut, code = run("", "metrics", "sb-nope"); code == 0 || !strings.Contains(errOut, "not found") {
+		t.Errorf("metrics of an unknown sandbox: %d %q", code, errOut)
 	}
 	if _, errOut, code = run("", "kill", id); code != 0 {
 		t.Errorf("kill: %d %s", code, errOut)

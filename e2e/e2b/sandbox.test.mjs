@@ -70,12 +70,22 @@ test('a key sees only its own team\'s sandboxes', { skip: !process.env.E2B_OTHER
   }, { opts: { metadata: { suite: runId } } })
 })
 
-test('getMetrics', async () => {
+test('getMetrics: CPU, memory and disk from the guest', async () => {
   await withSandbox(async (sbx) => {
     const m = await sbx.getMetrics()
     assert.ok(m.length >= 1)
-    assert.ok(m[0].memTotal > 0 && m[0].memUsed > 0, JSON.stringify(m[0]))
+    assert.ok(m[0].memTotal > 0 && m[0].memUsed > 0 && m[0].memUsed <= m[0].memTotal, JSON.stringify(m[0]))
     assert.equal(m[0].cpuCount, 1)
+    assert.ok(m[0].cpuUsedPct >= 0 && m[0].cpuUsedPct <= 100, JSON.stringify(m[0]))
+    assert.ok(m[0].diskTotal > 0, JSON.stringify(m[0]))
+
+    await sbx.commands.run('head -c 20000000 /dev/urandom > /home/user/blob')
+    const busy = await sbx.commands.run('timeout 5 sh -c "while :; do :; done"', { background: true })
+    await new Promise((r) => setTimeout(r, 1000))
+    const [after] = await sbx.getMetrics()
+    await busy.kill()
+    assert.ok(after.diskUsed >= m[0].diskUsed + 20000000, `disk: ${JSON.stringify(m[0])} → ${JSON.stringify(after)}`)
+    assert.ok(after.cpuUsedPct > 0, `a busy loop: ${JSON.stringify(after)}`)
   })
 })
 

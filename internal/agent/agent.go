@@ -72,6 +72,7 @@ type Agent struct {
 	log     *slog.Logger
 	reaper  *reaper
 	handler http.Handler
+	cpu     cpuMeter
 
 	mu        sync.Mutex
 	sess      *yamux.Session // the current host session (nil between sessions)
@@ -110,6 +111,7 @@ func New(opts Options) *Agent {
 		log:    opts.Logger,
 		reaper: newReaper(opts.ReapAll),
 		procs:  map[int]*process{},
+		cpu:    cpuMeter{read: readCPUTimes, sleep: time.Sleep},
 	}
 	a.handler = a.routes()
 	return a

@@ -39,6 +39,7 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("GET "+agentproto.PathFilesWatch, a.handleWatch)
 	mux.HandleFunc("POST "+agentproto.PathReclaim, a.handleReclaim)
 	mux.HandleFunc("POST "+agentproto.PathWarmup, a.handleWarmup)
+	mux.HandleFunc("GET "+agentproto.PathStats, a.handleStats)
 	return mux
 }
 

@@ -993,3 +993,21 @@ func BenchmarkStdout(b *testing.B) {
 		}
 	}
 }
+
+// TestStats: the guest's figures come over the wire, within their ranges.
+func TestStats(t *testing.T) {
+	h := newHarness(t, agent.Options{})
+	st, err := h.c.Stats(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.CPUCount < 1 || st.CPUUsedPct < 0 || st.CPUUsedPct > 100 {
+		t.Errorf("cpu: %+v", st)
+	}
+	if st.MemTotal <= 0 || st.MemUsed <= 0 || st.MemUsed > st.MemTotal {
+		t.Errorf("memory: %+v", st)
+	}
+	if st.DiskTotal <= 0 || st.DiskUsed < 0 || st.DiskUsed > st.DiskTotal {
+		t.Errorf("disk: %+v", st)
+	}
+}

@@ -218,3 +218,11 @@ func (c *Client) Process(ctx context.Context, pid int) (agentproto.Process, erro
 	err := c.call(ctx, request{method: http.MethodGet, path: procPath(agentproto.PathProcess, pid)}, &out)
 	return out, err
 }
+
+// Stats reports the guest's CPU, memory and disk use (agent protocol ≥ 3;
+// an older agent answers errdefs.ErrNotFound).
+func (c *Client) Stats(ctx context.Context) (agentproto.Stats, error) {
+	var out agentproto.Stats
+	err := c.call(ctx, request{method: http.MethodGet, path: agentproto.PathStats}, &out)
+	return out, err
+}

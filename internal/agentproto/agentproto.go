@@ -12,11 +12,15 @@
 // This package imports only the standard library so the agent stays small.
 package agentproto
 
-import "time"
+import (
+	"strconv"
+	"strings"
+	"time"
+)
 
 // Version is the protocol version reported by the agent in Info.
 // 2: Info carries the SandboxID of the last Init.
-const Version = "2"
+const Version = "3"
 
 // Paths served by the agent.
 const (
@@ -36,6 +40,7 @@ const (
 	PathFilesWatch = "/v1/files/watch"            // GET ?path=&recursive=1 → NDJSON WatchEvent stream
 	PathReclaim    = "/v1/memory/reclaim"         // POST → ReclaimResponse (kills the process using the most memory)
 	PathWarmup     = "/v1/warmup"                 // POST → 204 (runs what a first command would pay for; leaves no process behind)
+	PathStats      = "/v1/stats"                  // GET → Stats (version ≥ 3)
 )
 
 // ReclaimResponse names the process the agent killed to free memory when
@@ -44,6 +49,42 @@ type ReclaimResponse struct {
 	PID int    `json:"pid"`
 	Cmd string `json:"cmd,omitempty"`
 	RSS int64  `json:"rss_bytes,omitempty"` // its resident memory when killed
+}
+
+// Stats is what the guest reports about its resources. Nothing here is
+// sampled in the background: CPU use is measured between two Stats calls
+// (over the last 100 ms when there was none in the last minute).
+type Stats struct {
+	CPUCount   int     `json:"cpu_count"`
+	CPUUsedPct float64 `json:"cpu_used_pct"` // share of all the guest's CPUs busy, 0–100
+	MemTotal   int64   `json:"mem_total"`    // bytes (/proc/meminfo)
+	MemUsed    int64   `json:"mem_used"`     // MemTotal − MemAvailable
+	MemCache   int64   `json:"mem_cache"`    // Cached
+	// DiskTotal and DiskUsed are statfs of the root filesystem: under gVisor
+	// the writable layer's size limit and what it holds.
+	DiskTotal int64 `json:"disk_total"`
+	DiskUsed  int64 `json:"disk_used"`
+}
+
+// ParseMeminfo reads /proc/meminfo's text into bytes per field.
+func ParseMeminfo(s string) map[string]int64 {
+	m := map[string]int64{}
+	for line := range strings.SplitSeq(s, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		n, _ := strconv.ParseInt(f[0], 10, 64)
+		if len(f) > 1 && f[1] == "kB" {
+			n <<= 10
+		}
+		m[k] = n
+	}
+	return m
 }
 
 // Info describes the agent and the guest it runs in.

@@ -90,6 +90,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.listCommand(),
 		a.killCommand(),
 		a.timeoutCommand(),
+		a.metricsCommand(),
 		a.pauseCommand(),
 		a.resumeCommand(),
 		a.forkCommand(),

@@ -167,6 +167,34 @@ func (a *app) timeoutCommand() *cobra.Command {
 	}
 }
 
+func (a *app) metricsCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "metrics <id>",
+		Short: "Show a running sandbox's CPU, memory and disk use",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			m, err := c.SandboxMetrics(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.stdout, m)
+			}
+			fmt.Fprintf(a.stdout, "cpu     %5.1f%% of %d\nmemory  %s of %s (cache %s)\ndisk    %s of %s\n",
+				m.CPUUsedPct, m.CPUCount, fmtBytes(m.MemUsedBytes), fmtBytes(m.MemTotalBytes), fmtBytes(m.MemCacheBytes),
+				fmtBytes(m.DiskUsedBytes), fmtBytes(m.DiskTotalBytes))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the sample as JSON")
+	return cmd
+}
+
 func (a *app) pauseCommand() *cobra.Command {
 	return a.stateCommand("pause", "Pause a running sandbox (its processes stop until resume)", (*space.Client).PauseSandbox)
 }

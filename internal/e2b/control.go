@@ -1,11 +1,11 @@
 package e2b
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"sort"
@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
@@ -493,82 +492,29 @@ func (h *Handler) listV1(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	h.list(w, r, c)
 }
 
-// metrics answers one sample read from the guest's /proc (memory) and the
-// sandbox's limits; CPU use and disk use are not measured (0).
+// metrics answers one sample: the guest's CPU, memory and disk use
+// (Service.Usage) while it runs, the sandbox's limits otherwise.
 func (h *Handler) metrics(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 	sb, err := h.live(r, c)
 	if err != nil {
 		h.writeError(w, r, err)
 		return
 	}
-	memTotal := int64(sb.MemoryMB) << 20
-	var memUsed, memCache int64
+	u := sandbox.Usage{At: time.Now().UTC()}
+	u.CPUCount, u.MemTotal, u.DiskTotal = sb.CPU, int64(sb.MemoryMB)<<20, int64(diskSizeMB)<<20
 	if sb.State == sandbox.StateRunning {
-		if b, err := h.guestOutput(r.Context(), c, sb.ID, "cat", "/proc/meminfo"); err == nil {
-			mi := parseMeminfo(string(b))
-			if mi["MemTotal"] > 0 {
-				memTotal = min(memTotal, mi["MemTotal"])
-				memUsed = mi["MemTotal"] - mi["MemAvailable"]
-				memCache = mi["Cached"]
-			}
+		if got, err := h.svc.Usage(r.Context(), c, sb.ID); err == nil {
+			u = got
+		} else {
+			h.log.Warn("e2b metrics", "sandbox", sb.ID, "err", err)
 		}
 	}
-	now := time.Now().UTC()
 	writeJSON(w, http.StatusOK, []map[string]any{{
-		"timestamp": now.Format(time.RFC3339), "timestampUnix": now.Unix(),
-		"cpuCount": sb.CPU, "cpuUsedPct": 0.0,
-		"memUsed": memUsed, "memTotal": memTotal, "memCache": memCache,
-		"diskUsed": 0, "diskTotal": int64(diskSizeMB) << 20,
+		"timestamp": u.At.Format(time.RFC3339), "timestampUnix": u.At.Unix(),
+		"cpuCount": u.CPUCount, "cpuUsedPct": math.Round(u.CPUUsedPct*10) / 10,
+		"memUsed": u.MemUsed, "memTotal": u.MemTotal, "memCache": u.MemCache,
+		"diskUsed": u.DiskUsed, "diskTotal": u.DiskTotal,
 	}})
-}
-
-// guestOutput runs a short command in the sandbox and returns its stdout.
-// (procfs files report size 0, so they are read by a process rather than
-// through the files API.)
-func (h *Handler) guestOutput(ctx context.Context, c sandbox.Caller, id string, argv ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	_, evs, err := h.svc.Run(ctx, c, id, sandbox.ExecRequest{Cmd: argv, TimeoutS: 10})
-	if err != nil {
-		return nil, err
-	}
-	defer evs.Close()
-	var out []byte
-	for {
-		ev, err := evs.Next()
-		if err != nil {
-			if err == io.EOF {
-				return out, nil
-			}
-			return out, err
-		}
-		switch ev.Type {
-		case agentproto.EventStdout:
-			out = append(out, ev.Data...)
-		case agentproto.EventExit:
-			return out, nil
-		}
-	}
-}
-
-func parseMeminfo(s string) map[string]int64 {
-	m := map[string]int64{}
-	for _, line := range strings.Split(s, "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		n, _ := strconv.ParseInt(f[0], 10, 64)
-		if len(f) > 1 && f[1] == "kB" {
-			n <<= 10
-		}
-		m[k] = n
-	}
-	return m
 }
 
 type snapshotJSON struct {

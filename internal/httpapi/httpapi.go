@@ -75,6 +75,7 @@ func New(cfg Config) *API {
 	auth("GET /v1/sandboxes/{id}", a.getSandbox)
 	auth("DELETE /v1/sandboxes/{id}", a.killSandbox)
 	auth("POST /v1/sandboxes/{id}/timeout", a.setTimeout)
+	auth("GET /v1/sandboxes/{id}/metrics", a.usage)
 	auth("POST /v1/sandboxes/{id}/pause", a.pause)
 	auth("POST /v1/sandboxes/{id}/resume", a.resume)
 	auth("POST /v1/sandboxes/{id}/snapshots", a.createSnapshot)

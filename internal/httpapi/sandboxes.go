@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -105,6 +106,31 @@ func (a *API) getSandbox(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 		return
 	}
 	writeJSON(w, http.StatusOK, viewSandbox(sb))
+}
+
+// usageView is GET /v1/sandboxes/{id}/metrics.
+type usageView struct {
+	Timestamp      time.Time `json:"timestamp"`
+	CPUCount       int       `json:"cpu_count"`
+	CPUUsedPct     float64   `json:"cpu_used_pct"`
+	MemUsedBytes   int64     `json:"mem_used_bytes"`
+	MemTotalBytes  int64     `json:"mem_total_bytes"`
+	MemCacheBytes  int64     `json:"mem_cache_bytes"`
+	DiskUsedBytes  int64     `json:"disk_used_bytes"`
+	DiskTotalBytes int64     `json:"disk_total_bytes"`
+}
+
+func (a *API) usage(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	u, err := a.svc.Usage(r.Context(), c, r.PathValue("id"))
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, usageView{
+		Timestamp: u.At, CPUCount: u.CPUCount, CPUUsedPct: math.Round(u.CPUUsedPct*10) / 10,
+		MemUsedBytes: u.MemUsed, MemTotalBytes: u.MemTotal, MemCacheBytes: u.MemCache,
+		DiskUsedBytes: u.DiskUsed, DiskTotalBytes: u.DiskTotal,
+	})
 }
 
 func (a *API) killSandbox(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {

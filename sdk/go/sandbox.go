@@ -80,6 +80,28 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	return &sb, nil
 }
 
+// Metrics is one sample of a running sandbox's resource use.
+type Metrics struct {
+	Timestamp      time.Time `json:"timestamp"`
+	CPUCount       int       `json:"cpu_count"`
+	CPUUsedPct     float64   `json:"cpu_used_pct"` // share of the sandbox's CPUs busy since the previous sample, 0–100
+	MemUsedBytes   int64     `json:"mem_used_bytes"`
+	MemTotalBytes  int64     `json:"mem_total_bytes"`
+	MemCacheBytes  int64     `json:"mem_cache_bytes"`
+	DiskUsedBytes  int64     `json:"disk_used_bytes"`
+	DiskTotalBytes int64     `json:"disk_total_bytes"`
+}
+
+// SandboxMetrics reads a running sandbox's CPU, memory and disk use (a
+// conflict error naming the state when it is not running).
+func (c *Client) SandboxMetrics(ctx context.Context, id string) (*Metrics, error) {
+	var m Metrics
+	if err := c.do(ctx, request{method: http.MethodGet, path: "/v1/sandboxes/" + seg(id) + "/metrics"}, &m); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
 // KillSandbox destroys a sandbox and everything in it.
 func (c *Client) KillSandbox(ctx context.Context, id string) error {
 	return c.do(ctx, request{method: http.MethodDelete, path: "/v1/sandboxes/" + seg(id)}, nil)
