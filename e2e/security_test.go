@@ -167,11 +167,20 @@ func TestPTY(t *testing.T) {
 		t.Errorf("initial size not applied: %q", screen.String())
 	}
 	resize, _ := json.Marshal(map[string]any{"type": "resize", "cols": 120, "rows": 40})
-	conn.Write(ctx, websocket.MessageText, resize)
-	time.Sleep(100 * time.Millisecond) // resize is asynchronous to input on the terminal
-	conn.Write(ctx, websocket.MessageBinary, []byte("stty size; tty; exit 3\n"))
+	if err := conn.Write(ctx, websocket.MessageText, resize); err != nil {
+		t.Fatal(err)
+	}
+	// The server applies a resize before it reads the next message, yet a
+	// command right after it saw the old size about once in 40 runs on a
+	// loaded host (the agent's resize had answered): ask until it shows,
+	// within the test's minute.
+	for i := 0; !strings.Contains(screen.String(), "40 120"); i++ {
+		conn.Write(ctx, websocket.MessageBinary, []byte(fmt.Sprintf("stty size; echo SIZE%d$((6*7))\n", i)))
+		readUntil(fmt.Sprintf("SIZE%d42", i))
+	}
+	conn.Write(ctx, websocket.MessageBinary, []byte("tty; exit 3\n"))
 	readUntil(`"exit_code":3`)
-	if !strings.Contains(screen.String(), "40 120") || !strings.Contains(screen.String(), "/dev/pts/") {
+	if !strings.Contains(screen.String(), "/dev/pts/") {
 		t.Errorf("after resize: %q", screen.String())
 	}
 }
@@ -196,6 +205,37 @@ func TestTimeoutExpiry(t *testing.T) {
 	s.do("GET", "/v1/sandboxes/"+id2, s.key, nil, &sb)
 	if sb.State != "running" {
 		t.Errorf("extended sandbox is %s", sb.State)
+	}
+}
+
+// A sandbox whose timeout pauses it, resumed at once, gets a new timeout
+// period and pauses again when it ends (a resume racing the reaper's pause
+// used to leave it with no expiry at all: running forever).
+func TestTimeoutPauseResume(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(map[string]any{"timeout_s": 2, "on_timeout": "pause"})
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	var sb sandboxView
+	for round := 1; round <= 2; round++ {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 {
+				t.Fatalf("get: %d", code)
+			}
+			if sb.State == "paused" {
+				break
+			}
+			if sb.State != "running" || time.Now().After(deadline) {
+				t.Fatalf("round %d: not paused by its timeout: %+v", round, sb)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if code := s.do("POST", "/v1/sandboxes/"+id+"/resume", s.key, nil, &sb); code != 200 {
+			t.Fatalf("round %d: resume: %d", round, code)
+		}
+		if code := s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); code != 200 || sb.State != "running" || !sb.ExpiresAt.After(time.Now()) {
+			t.Fatalf("round %d: after resume: %d %+v", round, code, sb)
+		}
 	}
 }
 

@@ -92,7 +92,9 @@ func (a *API) pty(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 				switch msg.Type {
 				case "resize":
 					if msg.Cols > 0 && msg.Rows > 0 {
-						_ = a.svc.Resize(ctx, c, id, pid, agentproto.PTYSize{Cols: msg.Cols, Rows: msg.Rows})
+						if err := a.svc.Resize(ctx, c, id, pid, agentproto.PTYSize{Cols: msg.Cols, Rows: msg.Rows}); err != nil && ctx.Err() == nil {
+							a.log.Warn("pty resize", "sandbox", id, "pid", pid, "err", err)
+						}
 					}
 				case "input":
 					_ = a.svc.Stdin(ctx, c, id, pid, strings.NewReader(msg.Data), false)

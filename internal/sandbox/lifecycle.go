@@ -156,15 +156,13 @@ func (s *Service) ReapOnce(ctx context.Context) {
 			// A long session: park it instead of losing it. The expiry is
 			// cleared; Resume starts a new timeout period.
 			s.log.Info("sandbox timed out; pausing", "sandbox", sb.ID)
-			if _, err := s.Pause(ctx, Caller{Admin: true}, sb.ID); err != nil {
+			if _, err := s.pause(ctx, Caller{Admin: true}, sb.ID, true); err != nil {
 				s.log.Error("reaper: pause", "sandbox", sb.ID, "err", err)
-				continue
 			}
-			_ = s.store.SetSandboxExpiry(ctx, sb.ID, time.Time{})
 			continue
 		}
 		if sb.OnTimeout == "pause" && sb.State == StatePaused {
-			_ = s.store.SetSandboxExpiry(ctx, sb.ID, time.Time{})
+			_ = s.store.ClearExpiryIfPaused(ctx, sb.ID)
 			continue
 		}
 		s.log.Info("sandbox timed out", "sandbox", sb.ID)

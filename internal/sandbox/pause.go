@@ -14,6 +14,13 @@ import (
 // Resume, and its processes, memory and files stay exactly as they were.
 // Pausing a paused sandbox is a 409 with the current state.
 func (s *Service) Pause(ctx context.Context, c Caller, id string) (store.Sandbox, error) {
+	return s.pause(ctx, c, id, false)
+}
+
+// pause is Pause; timedOut (the reaper pausing a sandbox whose timeout
+// says pause) clears its expiry in the same operation, so a Resume, which
+// waits for it, starts a new timeout period.
+func (s *Service) pause(ctx context.Context, c Caller, id string, timedOut bool) (store.Sandbox, error) {
 	sb, l, err := s.liveOf(ctx, c, id, StateRunning)
 	if err != nil {
 		return sb, err
@@ -27,11 +34,20 @@ func (s *Service) Pause(ctx context.Context, c Caller, id string) (store.Sandbox
 	if err := s.store.UpdateSandboxState(ctx, id, []string{StateRunning}, StatePaused, ""); err != nil {
 		return sb, s.asStateError(ctx, id, err)
 	}
+	if timedOut {
+		if err := s.store.ClearExpiryIfPaused(ctx, id); err != nil {
+			_ = s.store.UpdateSandboxState(ctx, id, []string{StatePaused}, StateRunning, "")
+			return sb, err
+		}
+	}
 	if s.onPause != nil {
 		s.onPause(ctx, sb) // the rolling history's checkpoint, taken while it is still live
 	}
 	if err := l.inst.Pause(ctx); err != nil {
 		_ = s.store.UpdateSandboxState(ctx, id, []string{StatePaused}, StateRunning, "")
+		if timedOut {
+			_ = s.store.SetSandboxExpiry(ctx, id, sb.ExpiresAt) // still expired: the reaper tries again
+		}
 		return sb, fmt.Errorf("pause: %v: %w", err, errdefs.ErrUnavailable)
 	}
 	s.log.Info("sandbox paused", "sandbox", id)
@@ -53,9 +69,11 @@ func (s *Service) Resume(ctx context.Context, c Caller, id string) (store.Sandbo
 	if err := s.store.UpdateSandboxState(ctx, id, []string{StatePaused}, StateRunning, ""); err != nil {
 		return sb, s.asStateError(ctx, id, err)
 	}
-	if sb.ExpiresAt.IsZero() && sb.TimeoutS > 0 {
-		// Paused by its timeout: a new period starts now.
-		_ = s.store.SetSandboxExpiry(ctx, id, s.now().UTC().Add(time.Duration(sb.TimeoutS)*time.Second))
+	if cur, err := s.store.GetSandbox(ctx, id); err == nil && cur.TimeoutS > 0 && (cur.ExpiresAt.IsZero() || !cur.ExpiresAt.After(s.now())) {
+		// Paused by its timeout (or its expiry passed while paused): a new
+		// period starts now. Read under the operation lock: a timeout pause
+		// clears the expiry inside it.
+		_ = s.store.SetSandboxExpiry(ctx, id, s.now().UTC().Add(time.Duration(cur.TimeoutS)*time.Second))
 	}
 	s.log.Info("sandbox resumed", "sandbox", id)
 	return s.store.GetSandbox(ctx, id)

@@ -254,6 +254,19 @@ func (s *Store) SetSandboxExpiry(ctx context.Context, id string, expiresAt time.
 	return s.updateSandbox(ctx, id, `expires_at = ?`, toNanos(expiresAt))
 }
 
+// ClearExpiryIfPaused clears sandbox id's expiry when it is paused (a
+// sandbox that times out into a pause never expires while paused), and
+// leaves a sandbox that was resumed meanwhile with the new period Resume
+// gave it.
+func (s *Store) ClearExpiryIfPaused(ctx context.Context, id string) error {
+	_, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET expires_at = 0, updated_at = ? WHERE id = ? AND state = ?`,
+		toNanos(time.Now()), id, "paused")
+	if err != nil {
+		return fmt.Errorf("store: clear expiry of %s: %w", id, err)
+	}
+	return nil
+}
+
 func (s *Store) updateSandbox(ctx context.Context, id, set string, arg any) error {
 	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET `+set+`, updated_at = ? WHERE id = ?`,
 		arg, toNanos(time.Now()), id)
