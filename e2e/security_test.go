@@ -239,6 +239,28 @@ func TestTimeoutPauseResume(t *testing.T) {
 	}
 }
 
+// The host directory that holds the agent's socket is read-only inside the
+// sandbox, even for root: root there could otherwise fill the host's disk
+// past the sandbox's disk limit, plant links and FIFOs for the host, or
+// replace the socket and cut the sandbox's control channel.
+func TestRunDirReadOnly(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	var r execResult
+	script := "for op in 'touch /.space/run/x' 'rm -f /.space/run/agent.sock' 'ln -s /etc /.space/run/l' 'mkfifo /.space/run/f'; do sh -c \"$op\" 2>/dev/null && echo \"ALLOWED: $op\"; done; echo done"
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": script, "user": "root"}, &r); code != 200 || r.Stdout != "done\n" {
+		t.Errorf("as root in the run dir: %d %+v", code, r)
+	}
+	var e apiError
+	if code := s.do("PUT", "/v1/sandboxes/"+id+"/files?path=/.space/run/agent.sock", s.key, "x", &e); code != 403 {
+		t.Errorf("upload over the agent socket: %d %+v", code, e)
+	}
+	if r := s.sh(id, "echo alive"); r.Stdout != "alive\n" {
+		t.Errorf("sandbox after the attempts: %+v", r)
+	}
+}
+
 func TestIsolation(t *testing.T) {
 	s := sharedServer(t)
 	id := s.create(map[string]any{"memory_mb": 256, "cpu": 1})

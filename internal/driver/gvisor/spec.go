@@ -153,7 +153,7 @@ func buildSpec(s driver.Spec, hostRunDir string) ociSpec {
 			// a full /tmp is ENOSPC, not an out-of-memory sandbox.
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%dk", s.MemoryMB*1024/2)}},
 			{Destination: guestAgentPath, Type: "bind", Source: s.AgentPath, Options: []string{"rbind", "ro"}},
-			{Destination: guestRunDir, Type: "bind", Source: hostRunDir, Options: []string{"rbind", "rw"}},
+			{Destination: guestRunDir, Type: "bind", Source: hostRunDir, Options: []string{"rbind", "ro"}},
 		},
 		Linux: ociLinux{
 			Namespaces: []ociNamespace{
