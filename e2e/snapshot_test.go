@@ -486,3 +486,35 @@ func fileViewsRefused(t *testing.T, s *server, drv string) {
 		t.Errorf("sandbox after a refused restore: %+v", r)
 	}
 }
+
+// A gVisor sandbox holding a file larger than its snapshots can copy
+// (runsc tars each file whole in memory) is refused a files or checkpoint
+// snapshot with a 413 naming the file, and lives on: before, the snapshot
+// stopped it for OOM, and so did a pause (its history checkpoint) and the
+// automatic snapshots. Pause still works; once the file is gone snapshots
+// work again.
+func TestLargeFileSnapshot(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(map[string]any{"memory_mb": 256})
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	if r := s.sh(id, "head -c 300M /dev/zero > /home/user/big && echo ok"); r.Stdout != "ok\n" {
+		t.Fatalf("write: %+v", r)
+	}
+	for _, kind := range []string{"files", "checkpoint"} {
+		var e apiError
+		if code := s.do("POST", "/v1/sandboxes/"+id+"/snapshots", s.key, map[string]string{"kind": kind}, &e); code != 413 || e.Error != "too_large" || !strings.Contains(e.Message, "/home/user/big") {
+			t.Errorf("%s snapshot: %d %+v", kind, code, e)
+		}
+	}
+	var sb sandboxView
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/pause", s.key, nil, &sb); code != 200 || sb.State != "paused" {
+		t.Fatalf("pause: %d %+v", code, sb)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/resume", s.key, nil, &sb); code != 200 || sb.State != "running" {
+		t.Fatalf("resume: %d %+v", code, sb)
+	}
+	if r := s.sh(id, "ls -s --block-size=M /home/user/big && rm /home/user/big"); r.ExitCode != 0 {
+		t.Fatalf("the sandbox after all that: %+v", r)
+	}
+	s.snapshot(id, "files", "")
+}

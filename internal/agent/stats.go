@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"io/fs"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -118,5 +120,49 @@ func (a *Agent) handleStats(w http.ResponseWriter, r *http.Request) {
 		st.DiskTotal = int64(fs.Blocks) * bs
 		st.DiskUsed = max(int64(fs.Blocks-fs.Bfree)*bs, 0)
 	}
+	if s := r.URL.Query().Get("files_over"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, errdefs.InvalidArgument("bad files_over %q", s))
+			return
+		}
+		st.LargeFiles = largeFiles("/", n, maxLargeFiles)
+	}
 	writeJSON(w, st)
+}
+
+// maxLargeFiles bounds the files a Stats call names.
+const maxLargeFiles = 8
+
+// largeFiles walks the filesystem of root (not the filesystems mounted
+// below it: /proc, /tmp, /dev, the agent's own) for regular files larger
+// than over bytes, and returns the first limit of them.
+func largeFiles(root string, over int64, limit int) []agentproto.FileSize {
+	var rootSt unix.Stat_t
+	if unix.Lstat(root, &rootSt) != nil {
+		return nil
+	}
+	var out []agentproto.FileSize
+	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // unreadable: skip it
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) != nil {
+			return nil
+		}
+		if d.IsDir() && st.Dev != rootSt.Dev {
+			return filepath.SkipDir // another filesystem mounted here
+		}
+		// (Files are not compared: an overlay's files report the device
+		// of the layer they are in.)
+		if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size > over {
+			out = append(out, agentproto.FileSize{Path: p, Size: st.Size})
+			if len(out) >= limit {
+				return filepath.SkipAll
+			}
+		}
+		return nil
+	})
+	return out
 }

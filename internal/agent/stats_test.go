@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -66,4 +69,45 @@ func TestCPUMeter(t *testing.T) {
 	now = now.Add(time.Second)
 	busy, total = busy+300, total+200 // more busy than elapsed: capped
 	check("capped", 100, false)
+}
+
+// largeFiles names the regular files over the size, sparse ones by their
+// logical size, at most limit of them.
+func TestLargeFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, size int64) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := f.Truncate(size); err != nil { // sparse
+			t.Fatal(err)
+		}
+	}
+	write("small", 10)
+	write("a/big", 5000)
+	write("a/b/huge", 1<<40)
+	if err := os.Symlink(filepath.Join(dir, "a/big"), filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	got := largeFiles(dir, 100, 8)
+	if len(got) != 2 {
+		t.Fatalf("got %+v", got)
+	}
+	sizes := map[string]int64{}
+	for _, f := range got {
+		sizes[strings.TrimPrefix(f.Path, dir)] = f.Size
+	}
+	if sizes["/a/big"] != 5000 || sizes["/a/b/huge"] != 1<<40 {
+		t.Errorf("got %+v", got)
+	}
+	if got := largeFiles(dir, 100, 1); len(got) != 1 {
+		t.Errorf("limit 1: %+v", got)
+	}
 }

@@ -226,3 +226,12 @@ func (c *Client) Stats(ctx context.Context) (agentproto.Stats, error) {
 	err := c.call(ctx, request{method: http.MethodGet, path: agentproto.PathStats}, &out)
 	return out, err
 }
+
+// StatsWithFiles is Stats that also names regular files larger than over
+// bytes (Stats.LargeFiles; it walks the guest's root filesystem).
+func (c *Client) StatsWithFiles(ctx context.Context, over int64) (agentproto.Stats, error) {
+	var out agentproto.Stats
+	q := url.Values{"files_over": {strconv.FormatInt(over, 10)}}
+	err := c.call(ctx, request{method: http.MethodGet, path: agentproto.PathStats, query: q}, &out)
+	return out, err
+}

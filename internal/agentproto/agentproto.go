@@ -40,7 +40,7 @@ const (
 	PathFilesWatch = "/v1/files/watch"            // GET ?path=&recursive=1 → NDJSON WatchEvent stream
 	PathReclaim    = "/v1/memory/reclaim"         // POST → ReclaimResponse (kills the process using the most memory)
 	PathWarmup     = "/v1/warmup"                 // POST → 204 (runs what a first command would pay for; leaves no process behind)
-	PathStats      = "/v1/stats"                  // GET → Stats (version ≥ 3)
+	PathStats      = "/v1/stats"                  // GET ?files_over=<bytes> → Stats (version ≥ 3)
 )
 
 // ReclaimResponse names the process the agent killed to free memory when
@@ -64,6 +64,16 @@ type Stats struct {
 	// the writable layer's size limit and what it holds.
 	DiskTotal int64 `json:"disk_total"`
 	DiskUsed  int64 `json:"disk_used"`
+	// LargeFiles, asked for with files_over, are regular files on the root
+	// filesystem larger than that many bytes (their logical size: a sparse
+	// file counts whole), the first few found.
+	LargeFiles []FileSize `json:"large_files,omitempty"`
+}
+
+// FileSize is a file and its size in bytes.
+type FileSize struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
 }
 
 // ParseMeminfo reads /proc/meminfo's text into bytes per field.

@@ -169,6 +169,14 @@ type UpperExporter interface {
 	ExportUpper(ctx context.Context, w io.Writer) error
 }
 
+// ExportLimiter is implemented by UpperExporters that hold each file in
+// memory while they export it (gVisor's tar of its writable layer): a file
+// larger than ExportFileLimit, given the memory the guest uses now, would
+// take the sandbox past its host memory limit and stop it.
+type ExportLimiter interface {
+	ExportFileLimit(memUsed int64) int64
+}
+
 // Restorer is implemented by drivers that can start a new instance from a
 // checkpoint directory written by Checkpointer. The new instance is running
 // when Restore returns.

@@ -65,6 +65,9 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 	if !ok {
 		return res, errdefs.NotSupported("driver %s cannot export its filesystem", sb.Driver)
 	}
+	if err := s.checkExport(ctx, sb, l); err != nil {
+		return res, err
+	}
 	curID := "tmp-" + newSnapshotID()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(exp.ExportUpper(ctx, pw)) }()

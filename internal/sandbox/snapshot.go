@@ -105,6 +105,11 @@ func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name
 	if kind == KindFiles && !canExport {
 		return store.Snapshot{}, errdefs.NotSupported("driver %s cannot export its filesystem for a files snapshot", sb.Driver)
 	}
+	if canExport {
+		if err := s.checkExport(ctx, sb, l); err != nil {
+			return store.Snapshot{}, err
+		}
+	}
 	var cp driver.Checkpointer
 	if kind == KindCheckpoint {
 		var ok bool

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store"
 )
 
 // Usage is a running sandbox's resource use, as its guest sees it.
@@ -71,4 +73,36 @@ func (s *Service) meminfoByProcess(ctx context.Context, l *live) (agentproto.Sta
 	}
 	mi := agentproto.ParseMeminfo(string(out))
 	return agentproto.Stats{MemTotal: mi["MemTotal"], MemUsed: max(mi["MemTotal"]-mi["MemAvailable"], 0), MemCache: mi["Cached"]}, nil
+}
+
+// checkExport refuses to export the writable layer of a sandbox holding a
+// file its driver cannot export without stopping it (driver.ExportLimiter:
+// gVisor copies each file whole into memory). Files are looked for only
+// when the layer holds more than the limit in all; an agent older than
+// protocol 3 is not checked.
+func (s *Service) checkExport(ctx context.Context, sb store.Sandbox, l *live) error {
+	lim, ok := l.inst.(driver.ExportLimiter)
+	if !ok {
+		return nil
+	}
+	st, err := l.agent.Stats(ctx)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	limit := lim.ExportFileLimit(st.MemUsed)
+	if st.DiskUsed <= limit {
+		return nil
+	}
+	if st, err = l.agent.StatsWithFiles(ctx, limit); err != nil {
+		return err
+	}
+	if len(st.LargeFiles) == 0 {
+		return nil
+	}
+	f := st.LargeFiles[0]
+	return errdefs.Newf(errdefs.ErrTooLarge, "sandbox %s holds %s (%d MiB): its driver (%s) copies each file into memory to snapshot the filesystem, "+
+		"and this sandbox has room for %d MiB now; delete or split the file, or give the sandbox more memory", sb.ID, f.Path, f.Size>>20, sb.Driver, limit>>20)
 }
