@@ -22,6 +22,7 @@ func TestBadInput(t *testing.T) {
 		s.do("GET", "/v1/sandboxes?state=creating,running,paused,stopping,stopped,error", s.key, nil, &list)
 		return len(list.Sandboxes)
 	}
+	ckpt := s.snapshot(id, "checkpoint", "").ID
 	before := countSandboxes()
 	big := `{"template":"base","metadata":{"k":"` + strings.Repeat("x", 2<<20) + `"}}`
 	cases := []struct {
@@ -54,6 +55,16 @@ func TestBadInput(t *testing.T) {
 		{"bad depth", "GET", "/v1/sandboxes/" + id + "/files/list?path=/&depth=99", s.key, nil, 400, "invalid_argument"},
 		{"bad timeout", "POST", "/v1/sandboxes/" + id + "/timeout", s.key, `{"timeout_s":0}`, 400, "invalid_argument"},
 		{"bad state filter", "GET", "/v1/sandboxes?state=flying", s.key, nil, 400, "invalid_argument"},
+		// A timeout that overflows a duration used to expire at once (or in 1734).
+		{"overflowing timeout", "POST", "/v1/sandboxes", s.key, `{"timeout_s":9223372037}`, 400, "invalid_argument"},
+		{"overflowing timeout reset", "POST", "/v1/sandboxes/" + id + "/timeout", s.key, `{"timeout_s":18446744074}`, 400, "invalid_argument"},
+		// A create from a checkpoint used to ignore what it could not apply.
+		{"checkpoint create with network", "POST", "/v1/sandboxes", s.key, `{"snapshot":"` + ckpt + `","network":{"allow":["*"]}}`, 400, "invalid_argument"},
+		{"checkpoint create bad on_timeout", "POST", "/v1/sandboxes", s.key, `{"snapshot":"` + ckpt + `","on_timeout":"bogus"}`, 400, "invalid_argument"},
+		{"checkpoint create bad metadata", "POST", "/v1/sandboxes", s.key, `{"snapshot":"` + ckpt + `","metadata":{"a b":"x"}}`, 400, "invalid_argument"},
+		{"checkpoint create other driver", "POST", "/v1/sandboxes", s.key, `{"snapshot":"` + ckpt + `","driver":"nonexistent"}`, 400, "invalid_argument"},
+		// A FIFO or a device is not read (a FIFO held the request forever).
+		{"read a device", "GET", "/v1/sandboxes/" + id + "/files?path=/dev/zero", s.key, nil, 400, "invalid_argument"},
 		{"unknown route", "GET", "/v1/nothing", s.key, nil, 404, "not_found"},
 	}
 	for _, c := range cases {

@@ -135,7 +135,9 @@ func (a *Agent) handleRead(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	f, err := os.Open(path)
+	// O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+	// writer, holding this request and a thread of the agent forever.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		writeError(w, osError(err))
 		return
@@ -148,6 +150,11 @@ func (a *Agent) handleRead(w http.ResponseWriter, r *http.Request) {
 	}
 	if fi.IsDir() {
 		writeError(w, errdefs.InvalidArgument("%s is a directory", path))
+		return
+	}
+	if !fi.Mode().IsRegular() {
+		// FIFOs, sockets and devices (/dev/zero would never end).
+		writeError(w, errdefs.InvalidArgument("%s is not a regular file (%s)", path, fi.Mode().Type()))
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")

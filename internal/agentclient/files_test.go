@@ -2,6 +2,7 @@ package agentclient_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -265,5 +267,26 @@ func TestWatch(t *testing.T) {
 	ws.Close()
 	if _, err := h.c.Watch(t.Context(), filepath.Join(h.home, "missing"), false); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("watch missing: %v", err)
+	}
+}
+
+// Reading something that is not a regular file is refused at once: a FIFO
+// used to hold the request (and an agent thread) until a writer came.
+func TestReadNotRegular(t *testing.T) {
+	h := newHarness(t, agent.Options{})
+	fifo := filepath.Join(h.home, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for _, p := range []string{fifo, "/dev/zero"} {
+		rc, _, err := h.c.ReadFile(ctx, p)
+		if err == nil {
+			rc.Close()
+		}
+		if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("read %s: %v, want invalid_argument", p, err)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -294,7 +295,7 @@ func (a *API) events(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 	from := uint64(1)
 	if s := r.Header.Get("Last-Event-ID"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
+		if err != nil || n == math.MaxUint64 {
 			a.writeError(w, r, errdefs.InvalidArgument("Last-Event-ID: must be an event id"))
 			return
 		}

@@ -60,18 +60,14 @@ func (s *Service) validateCreate(r *CreateRequest) error {
 	if _, ok := s.drivers[r.Driver]; !ok {
 		return errdefs.InvalidArgument("driver: %q is not available on this server", r.Driver)
 	}
-	if r.TimeoutS < 0 || time.Duration(r.TimeoutS)*time.Second > s.cfg.MaxTimeout {
-		return errdefs.InvalidArgument("timeout_s: must be between 1 and %d", int(s.cfg.MaxTimeout.Seconds()))
+	if err := s.validateCommon(r); err != nil {
+		return err
 	}
 	if r.TimeoutS == 0 {
 		r.TimeoutS = int(s.cfg.DefaultTimeout.Seconds())
 	}
-	switch r.OnTimeout {
-	case "":
+	if r.OnTimeout == "" {
 		r.OnTimeout = "kill"
-	case "kill", "pause":
-	default:
-		return errdefs.InvalidArgument("on_timeout: must be kill or pause, got %q", r.OnTimeout)
 	}
 	if r.CPU < 0 || r.CPU > s.cfg.MaxCPU {
 		return errdefs.InvalidArgument("cpu: must be between 1 and %d", s.cfg.MaxCPU)
@@ -84,6 +80,19 @@ func (s *Service) validateCreate(r *CreateRequest) error {
 	}
 	if r.MemoryMB == 0 {
 		r.MemoryMB = 512
+	}
+	return nil
+}
+
+// validateCommon checks what a create from a snapshot takes too.
+func (s *Service) validateCommon(r *CreateRequest) error {
+	if !s.timeoutOK(r.TimeoutS, false) {
+		return errdefs.InvalidArgument("timeout_s: must be between 1 and %d", int(s.cfg.MaxTimeout.Seconds()))
+	}
+	switch r.OnTimeout {
+	case "", "kill", "pause":
+	default:
+		return errdefs.InvalidArgument("on_timeout: must be kill or pause, got %q", r.OnTimeout)
 	}
 	if err := validateEnv(r.Env); err != nil {
 		return err
@@ -103,6 +112,15 @@ func (s *Service) validateCreate(r *CreateRequest) error {
 		}
 	}
 	return nil
+}
+
+// timeoutOK reports whether n seconds is a timeout this server takes
+// (zero: the default, unless required), without overflowing a Duration.
+func (s *Service) timeoutOK(n int, required bool) bool {
+	if n < 0 || (required && n == 0) {
+		return false
+	}
+	return int64(n) <= int64(s.cfg.MaxTimeout/time.Second)
 }
 
 func validateEnv(env map[string]string) error {
@@ -142,11 +160,8 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		if req.Template != "" {
 			return store.Sandbox{}, errdefs.InvalidArgument("template: give a template or a snapshot, not both")
 		}
-		if err := validateEnv(req.Env); err != nil {
+		if err := s.validateCommon(&req); err != nil {
 			return store.Sandbox{}, err
-		}
-		if req.TimeoutS < 0 || time.Duration(req.TimeoutS)*time.Second > s.cfg.MaxTimeout {
-			return store.Sandbox{}, errdefs.InvalidArgument("timeout_s: must be between 1 and %d", int(s.cfg.MaxTimeout.Seconds()))
 		}
 		return s.createFromSnapshot(ctx, c, req)
 	}

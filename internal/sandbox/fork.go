@@ -156,6 +156,9 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 	if req.TimeoutS > 0 {
 		sb.TimeoutS = req.TimeoutS
 	}
+	if req.OnTimeout != "" {
+		sb.OnTimeout = req.OnTimeout
+	}
 	if req.Metadata != nil {
 		sb.Metadata = req.Metadata
 	}

@@ -47,7 +47,7 @@ func (s *Service) List(ctx context.Context, c Caller, o ListOptions) ([]store.Sa
 
 // SetTimeout moves the sandbox's expiry to now + timeout.
 func (s *Service) SetTimeout(ctx context.Context, c Caller, id string, timeoutS int) (store.Sandbox, error) {
-	if timeoutS <= 0 || time.Duration(timeoutS)*time.Second > s.cfg.MaxTimeout {
+	if !s.timeoutOK(timeoutS, true) {
 		return store.Sandbox{}, errdefs.InvalidArgument("timeout_s: must be between 1 and %d", int(s.cfg.MaxTimeout.Seconds()))
 	}
 	sb, err := s.get(ctx, c, id)

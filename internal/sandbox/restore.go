@@ -214,6 +214,14 @@ func (s *Service) createFromSnapshot(ctx context.Context, c Caller, req CreateRe
 		if req.CPU > 0 || req.MemoryMB > 0 {
 			return store.Sandbox{}, errdefs.InvalidArgument("cpu and memory_mb cannot change when restoring a checkpoint")
 		}
+		// A restored checkpoint is the parent's machine: what would be a
+		// different one is refused rather than ignored.
+		if req.Driver != "" && req.Driver != parent.Driver {
+			return store.Sandbox{}, errdefs.InvalidArgument("driver: a checkpoint of driver %s restores with it", parent.Driver)
+		}
+		if req.Network != nil || len(req.Secrets) > 0 || req.SnapshotIntervalS != 0 || req.RetentionDays != 0 {
+			return store.Sandbox{}, errdefs.InvalidArgument("network, secrets, snapshot_interval_s and retention_days cannot be given when restoring a checkpoint (set the network on the new sandbox afterwards)")
+		}
 		return s.restoreSandbox(ctx, c, parent, image, req)
 	}
 	req.Template = sn.Template
