@@ -227,7 +227,11 @@ func errorBody(err error) (ErrorBody, bool) {
 // writeError is the one place an error becomes an HTTP response.
 func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	b, internal := errorBody(err)
-	if internal {
+	switch {
+	case internal && r.Context().Err() != nil:
+		// The client went away mid-request: nothing failed on our side.
+		a.log.Debug("request ended by the client", "method", r.Method, "path", r.URL.Path, "err", err)
+	case internal:
 		a.log.Error("internal error", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeJSON(w, b.Code, b)

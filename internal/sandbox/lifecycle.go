@@ -120,6 +120,9 @@ func (s *Service) destroy(ctx context.Context, id string, l *live, reason string
 	}
 	s.forgetNetwork(id)
 	if err := s.store.UpdateSandboxState(ctx, id, []string{StateStopping}, StateStopped, reason); err != nil {
+		if errors.Is(err, errdefs.ErrConflict) {
+			return nil // a concurrent destroy finished first
+		}
 		return err
 	}
 	s.log.Info("sandbox stopped", "sandbox", id, "reason", reason)

@@ -376,7 +376,7 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 }
 
 func (d *Driver) newInstance(id, stateDir string) *Instance {
-	return &Instance{d: d, id: id, stateDir: stateDir, log: d.log.With("sandbox", id), conns: make(chan net.Conn, 1)}
+	return &Instance{d: d, id: id, stateDir: stateDir, log: d.log.With("sandbox", id), conns: make(chan net.Conn, 1), gone: make(chan struct{})}
 }
 
 // runsc runs one runsc command with the driver's global flags plus extra.
@@ -418,6 +418,7 @@ type Instance struct {
 	agentSum  string // SHA-256 of the pinned agent (agent.go); "" until known
 	pid       int
 	destroyed bool
+	gone      chan struct{} // closed by Destroy: ends DialAgent waits
 }
 
 func (i *Instance) bundleDir() string { return filepath.Join(i.stateDir, "bundle") }
@@ -646,6 +647,8 @@ func (i *Instance) DialAgent(ctx context.Context) (net.Conn, error) {
 			return c, nil
 		case <-ctx.Done():
 			return nil, fmt.Errorf("gvisor: waiting for agent of %s: %w", i.id, errdefs.ErrUnavailable)
+		case <-i.gone:
+			return nil, fmt.Errorf("gvisor: sandbox %s was destroyed: %w", i.id, errdefs.ErrUnavailable)
 		}
 	}
 }
@@ -813,6 +816,9 @@ func (i *Instance) oomKilled() bool {
 // Destroy implements driver.Instance.
 func (i *Instance) Destroy(ctx context.Context) error {
 	i.mu.Lock()
+	if !i.destroyed {
+		close(i.gone)
+	}
 	i.destroyed = true
 	created := i.created
 	i.mu.Unlock()

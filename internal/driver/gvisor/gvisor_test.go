@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/driver"
@@ -232,5 +233,38 @@ func TestRestoreAcrossUpgrade(t *testing.T) {
 	}
 	if _, err := os.Stat(other.StateDir); !os.IsNotExist(err) {
 		t.Errorf("refused restore left its state dir: %v", err)
+	}
+}
+
+// A wait for the agent ends when the sandbox is destroyed: an API call
+// waiting on an agent that never came back used to hang after a delete.
+func TestDialAgentEndsAtDestroy(t *testing.T) {
+	runsc := testenv.Runsc(t)
+	agent := testenv.Agent(t)
+	tpl := testenv.Base(t)
+	root := t.TempDir()
+	d, err := gvisor.New(t.Context(), gvisor.Config{Runsc: runsc, Root: filepath.Join(root, "runsc"), Log: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := d.Create(t.Context(), newSpec(root, tpl.Path, agent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := inst.DialAgent(context.Background()) // no deadline: only Destroy ends it
+		done <- err
+	}()
+	if err := inst.Destroy(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, errdefs.ErrUnavailable) {
+			t.Errorf("DialAgent after Destroy: %v, want unavailable", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("DialAgent still waiting 30 s after Destroy")
 	}
 }
