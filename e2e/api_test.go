@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -735,5 +736,28 @@ func testMetrics(t *testing.T, drv string) {
 	}
 	if code := s.do("GET", "/v1/sandboxes/"+id+"/metrics", s.key, nil, &e); code != 409 || e.State != "paused" {
 		t.Errorf("paused: %d %+v", code, e)
+	}
+}
+
+// Deletes of one sandbox at once all succeed (a delete of a stopped
+// sandbox is a no-op), and the sandbox ends stopped.
+func TestConcurrentDeletes(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	codes := make(chan int, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { codes <- s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil) })
+	}
+	wg.Wait()
+	close(codes)
+	for code := range codes {
+		if code != 204 {
+			t.Errorf("a concurrent delete answered %d", code)
+		}
+	}
+	var sb sandboxView
+	if s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); sb.State != "stopped" {
+		t.Errorf("after the deletes: %+v", sb)
 	}
 }
