@@ -518,3 +518,40 @@ func TestLargeFileSnapshot(t *testing.T) {
 	}
 	s.snapshot(id, "files", "")
 }
+
+// A command running in the foreground while its sandbox is checkpointed
+// (a snapshot, a fork) finishes for its client with all its output: the
+// checkpoint cuts the agent's connection, and the exec's stream re-attaches
+// (before, the exec answered 503 and a streaming client lost the stream).
+func TestExecAcrossCheckpoint(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	type result struct {
+		code int
+		r    execResult
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r execResult
+		code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "for i in 1 2 3 4 5 6 7 8; do echo $i; sleep 0.25; done"}, &r)
+		done <- result{code, r}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	s.snapshot(id, "checkpoint", "")
+	var kids struct{ Sandboxes []sandboxView }
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/fork", s.key, map[string]any{"count": 1}, &kids); code != 201 || len(kids.Sandboxes) != 1 {
+		t.Errorf("fork: %d %+v", code, kids)
+	}
+	for _, k := range kids.Sandboxes {
+		defer s.do("DELETE", "/v1/sandboxes/"+k.ID, s.key, nil, nil)
+	}
+	select {
+	case got := <-done:
+		if got.code != 200 || got.r.ExitCode != 0 || got.r.Stdout != "1\n2\n3\n4\n5\n6\n7\n8\n" {
+			t.Errorf("exec across a checkpoint and a fork: %d %+v", got.code, got.r)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatal("exec did not finish")
+	}
+}

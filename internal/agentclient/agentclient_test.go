@@ -701,7 +701,60 @@ func TestReconnect(t *testing.T) {
 		t.Fatalf("stdout %q exit %+v", r.stdout, r.exit)
 	}
 
-	// A stream cut by a dying session reports ErrUnavailable.
+	// A following stream cut by a dying session (as a checkpoint cuts it)
+	// re-attaches by itself: every event arrives once, in order. Both
+	// ways of following: Run and Events.
+	for _, how := range []string{"run", "events"} {
+		req := agentproto.StartRequest{Shell: "for i in 1 2 3 4 5 6; do echo $i; sleep 0.1; done"}
+		var es *agentclient.EventStream
+		if how == "run" {
+			_, es, err = h.c.Run(t.Context(), req)
+		} else {
+			if pid, err = h.c.Start(t.Context(), req); err == nil {
+				es, err = h.c.Events(t.Context(), pid, 1, true)
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []byte
+		var seqs []uint64
+		cuts := 0
+		for {
+			ev, err := es.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: next after %d cuts: %v", how, cuts, err)
+			}
+			seqs = append(seqs, ev.Seq)
+			if ev.Type == agentproto.EventStdout {
+				out = append(out, ev.Data...)
+				if cuts < 2 {
+					h.mu.Lock()
+					h.conn.Close()
+					h.mu.Unlock()
+					cuts++
+				}
+			}
+		}
+		es.Close()
+		if string(out) != "1\n2\n3\n4\n5\n6\n" || cuts != 2 {
+			t.Errorf("%s: output across %d cuts %q", how, cuts, out)
+		}
+		for i := 1; i < len(seqs); i++ {
+			if seqs[i] != seqs[i-1]+1 {
+				t.Errorf("%s: seqs %v", how, seqs)
+				break
+			}
+		}
+	}
+
+	// A closed stream does not re-attach.
+	old := agentclient.ReattachWithin
+	agentclient.ReattachWithin = time.Minute
+	t.Cleanup(func() { agentclient.ReattachWithin = old })
 	pid, err = h.c.Start(t.Context(), agentproto.StartRequest{Cmd: []string{"sleep", "10"}})
 	if err != nil {
 		t.Fatal(err)
@@ -713,13 +766,11 @@ func TestReconnect(t *testing.T) {
 	if _, err := es.Next(); err != nil {
 		t.Fatal(err)
 	}
-	h.mu.Lock()
-	h.conn.Close()
-	h.mu.Unlock()
-	if _, err := es.Next(); !errors.Is(err, errdefs.ErrUnavailable) {
-		t.Fatalf("next after session death: %v", err)
-	}
 	es.Close()
+	start := time.Now()
+	if _, err := es.Next(); err == nil || time.Since(start) > 10*time.Second {
+		t.Errorf("next on a closed stream: %v after %v", err, time.Since(start))
+	}
 }
 
 // An agent that takes requests and never answers fails unary calls with a

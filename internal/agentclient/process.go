@@ -12,8 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
 )
 
 func procPath(pattern string, pid int) string {
@@ -56,7 +58,9 @@ func (c *Client) Run(ctx context.Context, req agentproto.StartRequest) (int, *Ev
 			resp.Body.Close()
 			return 0, nil, transportError(ctx, fmt.Errorf("run: no pid in the answer"))
 		}
-		return pid, newEventStream(ctx, resp, true), nil
+		s := newEventStream(ctx, resp, true)
+		s.c, s.pid = c, pid
+		return pid, s, nil
 	}
 	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 256<<10))
 	var sr agentproto.StartResponse
@@ -71,7 +75,7 @@ func (c *Client) Run(ctx context.Context, req agentproto.StartRequest) (int, *Ev
 		ev, err := c.Events(ctx, sr.PID, 1, true)
 		return sr.PID, ev, err
 	}
-	return sr.PID, &EventStream{ctx: ctx, body: resp.Body, dec: dec, follow: true}, nil
+	return sr.PID, &EventStream{ctx: ctx, body: resp.Body, dec: dec, follow: true, c: c, pid: sr.PID, nextSeq: 1}, nil
 }
 
 // Events streams a process's events from seq from (1 = from the start).
@@ -86,14 +90,16 @@ func (c *Client) Events(ctx context.Context, pid int, from uint64, follow bool) 
 	if err != nil {
 		return nil, err
 	}
-	return newEventStream(ctx, resp, follow), nil
+	es := newEventStream(ctx, resp, follow)
+	es.c, es.pid, es.nextSeq = c, pid, from
+	return es, nil
 }
 
 // newEventStream reads resp's events in the format the agent chose:
 // binary frames, or NDJSON from an agent that does not know them.
 func newEventStream(ctx context.Context, resp *http.Response, follow bool) *EventStream {
 	br := bufio.NewReaderSize(resp.Body, 256<<10)
-	s := &EventStream{ctx: ctx, body: resp.Body, follow: follow, free: make(chan []byte, 4)}
+	s := &EventStream{ctx: ctx, body: resp.Body, follow: follow, free: make(chan []byte, 4), nextSeq: 1}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), agentproto.EventFramesType) {
 		s.frames = br
 	} else {
@@ -103,16 +109,32 @@ func newEventStream(ctx context.Context, resp *http.Response, follow bool) *Even
 }
 
 // EventStream is an open event stream; Close it when done.
+//
+// A following stream outlives its session: when the session breaks before
+// the exit event (a checkpoint, a fork and a pause with checkpoint drop the
+// agent's connection; the process runs on), Next re-attaches from the event
+// after the last one it returned, for up to ReattachWithin, so the caller
+// sees every event once.
 type EventStream struct {
-	ctx    context.Context
+	ctx     context.Context
+	c       *Client // to re-attach (nil: not possible)
+	pid     int
+	nextSeq uint64 // seq after the last event returned
+	follow  bool
+	exited  bool
+	free    chan []byte // output buffers handed back by Recycle
+
+	mu     sync.Mutex // body, dec and frames change on a re-attach
 	body   io.ReadCloser
 	dec    *json.Decoder // NDJSON
 	frames *bufio.Reader // binary frames (agentproto.EventFramesType)
-	follow bool
-	exited bool
-	once   sync.Once
-	free   chan []byte // output buffers handed back by Recycle
+	closed bool
 }
+
+// ReattachWithin bounds how long a following stream tries to re-attach
+// after its session broke (an agent reconnects within milliseconds of a
+// checkpoint; a paused sandbox does not until it is resumed).
+var ReattachWithin = 30 * time.Second
 
 // Recycle hands back the Data of an event this stream returned, once the
 // caller is done with it: later output frames are read into it instead of
@@ -127,24 +149,59 @@ func (s *EventStream) Recycle(b []byte) {
 	}
 }
 
-// Next returns the next event, io.EOF after the last one. A stream cut
-// before the exit event (the session broke) fails with ErrUnavailable;
-// re-attach with Events from the last seq + 1.
+// Next returns the next event, io.EOF after the last one. A following
+// stream cut before the exit event re-attaches (see EventStream); when that
+// fails it returns ErrUnavailable.
 func (s *EventStream) Next() (agentproto.Event, error) {
+	ev, err := s.read()
+	if err == nil || !s.follow || s.c == nil || s.pid <= 0 || !errors.Is(err, errdefs.ErrUnavailable) {
+		return ev, err
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return ev, err
+	}
+	deadline := time.Now().Add(ReattachWithin)
+	wait := 10 * time.Millisecond
+	for s.ctx.Err() == nil && time.Now().Before(deadline) {
+		ok, rerr := s.reattach()
+		if ok {
+			if ev, rerr := s.read(); !errors.Is(rerr, errdefs.ErrUnavailable) {
+				return ev, rerr
+			}
+		} else if !errors.Is(rerr, errdefs.ErrUnavailable) {
+			return ev, err // the process is gone, or the stream closed: no use trying
+		}
+		select {
+		case <-time.After(wait):
+		case <-s.ctx.Done():
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+	return ev, err
+}
+
+// read returns the next event of the current session's stream.
+func (s *EventStream) read() (agentproto.Event, error) {
 	var ev agentproto.Event
 	if s.exited {
 		return ev, io.EOF
 	}
+	s.mu.Lock()
+	frames, dec := s.frames, s.dec
+	s.mu.Unlock()
 	var err error
-	if s.frames != nil {
+	if frames != nil {
 		var buf []byte
 		select {
 		case buf = <-s.free:
 		default:
 		}
-		ev, err = agentproto.ReadEventFrameInto(s.frames, buf)
+		ev, err = agentproto.ReadEventFrameInto(frames, buf)
 	} else {
-		err = s.dec.Decode(&ev)
+		err = dec.Decode(&ev)
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) && !s.follow {
@@ -155,15 +212,39 @@ func (s *EventStream) Next() (agentproto.Event, error) {
 		}
 		return ev, transportError(s.ctx, err)
 	}
+	s.nextSeq = ev.Seq + 1
 	if ev.Type == agentproto.EventExit {
 		s.exited = true
 	}
 	return ev, nil
 }
 
+// reattach replaces the broken session's stream with a new one from
+// nextSeq; an ErrUnavailable error means "not yet".
+func (s *EventStream) reattach() (bool, error) {
+	ns, err := s.c.Events(s.ctx, s.pid, s.nextSeq, true)
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		ns.body.Close()
+		return false, errdefs.Conflict("stream closed")
+	}
+	s.body.Close()
+	s.body, s.dec, s.frames = ns.body, ns.dec, ns.frames
+	return true, nil
+}
+
 // Close releases the stream (the agent forgets the subscriber).
 func (s *EventStream) Close() error {
-	s.once.Do(func() { s.body.Close() })
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.closed = true
+		s.body.Close()
+	}
 	return nil
 }
 
