@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"unicode/utf8"
 	"time"
 
 	"github.com/spacesandbox/space/internal/agentproto"
@@ -54,8 +56,17 @@ func (e execRequest) toService() (sandbox.ExecRequest, error) {
 	return out, nil
 }
 
-// maxBuffered caps what a non-streaming exec collects per stream.
-const maxBuffered = 64 << 20
+// maxBuffered caps what a non-streaming exec collects per stream;
+// maxBufferedAll caps what all of them hold at once in this server, so a
+// few tenants printing a lot cannot take its memory (past it, output is
+// dropped and the result says truncated). SSE execs hold nothing.
+const (
+	maxBuffered    = 64 << 20
+	maxBufferedAll = 256 << 20
+)
+
+// bufferedAll is what non-streaming execs hold now.
+var bufferedAll atomic.Int64
 
 func (a *API) exec(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 	var body execRequest
@@ -98,18 +109,12 @@ func wantsSSE(r *http.Request) bool {
 
 // collect answers a non-streaming exec with one JSON object.
 func (a *API) collect(w http.ResponseWriter, r *http.Request, pid int, ev sandbox.EventStream) {
-	var stdout, stderr bytes.Buffer
-	res := struct {
-		PID       int    `json:"pid"`
-		ExitCode  int    `json:"exit_code"`
-		Signal    string `json:"signal,omitempty"`
-		Error     string `json:"error,omitempty"`
-		Stdout    string `json:"stdout"`
-		Stderr    string `json:"stderr"`
-		StdoutB64 string `json:"stdout_b64,omitempty"`
-		StderrB64 string `json:"stderr_b64,omitempty"`
-		Truncated bool   `json:"truncated,omitempty"`
-	}{PID: pid, ExitCode: -1}
+	// Output is kept as the chunks it came in (copies of exactly their
+	// size: no buffer doubling as it grows).
+	var stdout, stderr chunks
+	var held int64
+	defer func() { bufferedAll.Add(-held) }()
+	res := execResult{PID: pid, ExitCode: -1}
 	for {
 		e, err := ev.Next()
 		if errors.Is(err, io.EOF) {
@@ -125,12 +130,17 @@ func (a *API) collect(w http.ResponseWriter, r *http.Request, pid int, ev sandbo
 			if e.Type == agentproto.EventStderr {
 				buf = &stderr
 			}
-			if buf.Len()+len(e.Data) > maxBuffered {
+			n := int64(len(e.Data))
+			if buf.size+n > maxBuffered || bufferedAll.Add(n) > maxBufferedAll {
+				if buf.size+n <= maxBuffered {
+					bufferedAll.Add(-n)
+				}
 				res.Truncated = true
 				ev.Recycle(e.Data)
 				continue
 			}
-			buf.Write(e.Data)
+			held += n
+			buf.add(e.Data)
 			ev.Recycle(e.Data)
 		case agentproto.EventExit:
 			if e.ExitCode != nil {
@@ -139,16 +149,124 @@ func (a *API) collect(w http.ResponseWriter, r *http.Request, pid int, ev sandbo
 			res.Signal, res.Error = e.Signal, e.Error
 		}
 	}
-	setText := func(b []byte, text, b64 *string) {
-		if textual(b) { // as the SSE exec decides per chunk
-			*text = string(b)
-		} else {
-			*b64 = base64.StdEncoding.EncodeToString(b)
+	res.write(w, &stdout, &stderr)
+}
+
+// chunks is output as it arrived.
+type chunks struct {
+	list [][]byte
+	size int64
+}
+
+func (c *chunks) add(b []byte) {
+	c.list = append(c.list, bytes.Clone(b))
+	c.size += int64(len(b))
+}
+
+// textual is the package's textual over the concatenation of the chunks
+// (a rune may be split between two).
+func (c *chunks) textual() bool {
+	var carry []byte
+	ctl := int64(0)
+	for _, b := range c.list {
+		if len(carry) > 0 {
+			b = append(carry, b...)
+		}
+		end := runeStartBefore(b, len(b))
+		if !utf8.Valid(b[:end]) {
+			return false
+		}
+		carry = append([]byte(nil), b[end:]...)
+		ctl += int64(controlBytes(b[:end]))
+	}
+	return len(carry) == 0 && ctl <= c.size/4
+}
+
+// runeStartBefore is the largest index ≤ n where no UTF-8 sequence of b
+// is cut: n itself unless the last one to three bytes before it start an
+// incomplete rune.
+func runeStartBefore(b []byte, n int) int {
+	for i := n - 1; i >= 0 && i >= n-3; i-- {
+		if b[i]&0xC0 != 0x80 { // a rune's first byte
+			if utf8.FullRune(b[i:n]) {
+				return n
+			}
+			return i
 		}
 	}
-	setText(stdout.Bytes(), &res.Stdout, &res.StdoutB64)
-	setText(stderr.Bytes(), &res.Stderr, &res.StderrB64)
-	writeJSON(w, http.StatusOK, res)
+	return n
+}
+
+// execResult is the answer of a non-streaming exec.
+type execResult struct {
+	PID       int
+	ExitCode  int
+	Signal    string
+	Error     string
+	Truncated bool
+}
+
+// write sends the result as JSON: {pid, exit_code, signal?, error?,
+// stdout, stderr, stdout_b64?, stderr_b64?, truncated?}, each stream as
+// text when it is (the rule SSE output events apply) and base64 otherwise.
+// The output is encoded straight to w, a piece at a time, never copied
+// whole (64 MiB of output used to take ~600 MB of the server's memory).
+func (res execResult) write(w http.ResponseWriter, stdout, stderr *chunks) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	b := make([]byte, 0, 64<<10)
+	b = append(b, `{"pid":`...)
+	b = strconv.AppendInt(b, int64(res.PID), 10)
+	b = append(b, `,"exit_code":`...)
+	b = strconv.AppendInt(b, int64(res.ExitCode), 10)
+	if res.Signal != "" {
+		b = append(b, `,"signal":`...)
+		b = strconv.AppendQuote(b, res.Signal)
+	}
+	if res.Error != "" {
+		b = append(b, `,"error":`...)
+		b = strconv.AppendQuote(b, res.Error)
+	}
+	streams := [2]*chunks{stdout, stderr}
+	text := [2]bool{stdout.textual(), stderr.textual()}
+	for k, name := range [2]string{"stdout", "stderr"} {
+		b = append(b, `,"`+name+`":"`...)
+		if text[k] {
+			// A chunk's unfinished rune goes with the next one, so U+2028
+			// is escaped whole (as encoding/json does).
+			var carry []byte
+			for _, data := range streams[k].list {
+				if len(carry) > 0 {
+					data = append(carry, data...)
+				}
+				end := runeStartBefore(data, len(data))
+				b = appendJSONTextAll(b, data[:end])
+				carry = append(carry[:0:0], data[end:]...)
+				_, _ = w.Write(b)
+				b = b[:0]
+			}
+		}
+		b = append(b, '"')
+	}
+	for k, name := range [2]string{"stdout_b64", "stderr_b64"} {
+		if text[k] || streams[k].size == 0 {
+			continue
+		}
+		b = append(b, `,"`+name+`":"`...)
+		_, _ = w.Write(b)
+		b = b[:0]
+		enc := base64.NewEncoder(base64.StdEncoding, w)
+		for _, data := range streams[k].list {
+			_, _ = enc.Write(data)
+		}
+		_ = enc.Close()
+		b = append(b, '"')
+	}
+	if res.Truncated {
+		b = append(b, `,"truncated":true`...)
+	}
+	b = append(b, "}\n"...)
+	_, _ = w.Write(b)
 }
 
 // streamEvents writes a process's events as server-sent events, each with

@@ -63,7 +63,11 @@ const hexDigits = "0123456789abcdef"
 // up (false) as soon as more than a quarter of s is control bytes that
 // are not tab, CR, LF or ESC.
 func appendJSONText(dst, s []byte) ([]byte, bool) {
-	limit := len(s) / 4
+	return appendJSONTextLimit(dst, s, len(s)/4)
+}
+
+// appendJSONTextLimit is appendJSONText giving up past limit control bytes.
+func appendJSONTextLimit(dst, s []byte, limit int) ([]byte, bool) {
 	ctl := 0
 	run := 0 // start of the bytes not yet copied
 	i := 0
@@ -122,18 +126,29 @@ func appendJSONText(dst, s []byte) ([]byte, bool) {
 	return append(dst, s[run:]...), true
 }
 
+// appendJSONTextAll is appendJSONText without its give-up rule, for text
+// already judged textual as a whole (a piece of it may be denser in
+// control bytes than the whole).
+func appendJSONTextAll(dst, s []byte) []byte {
+	dst, _ = appendJSONTextLimit(dst, s, len(s))
+	return dst
+}
+
 // textual reports whether data goes out as JSON text rather than base64
 // (the rule appendOutputEvent applies to each chunk): valid UTF-8 and at
 // most a quarter control bytes other than tab, CR, LF and ESC.
 func textual(data []byte) bool {
-	if !utf8.Valid(data) {
-		return false
-	}
+	return utf8.Valid(data) && controlBytes(data) <= len(data)/4
+}
+
+// controlBytes counts the control bytes textual holds against a text: all
+// but tab, CR, LF and ESC.
+func controlBytes(data []byte) int {
 	ctl := 0
 	for _, c := range data {
 		if c < 0x20 && c != '\t' && c != '\r' && c != '\n' && c != 0x1b {
 			ctl++
 		}
 	}
-	return ctl <= len(data)/4
+	return ctl
 }
