@@ -12,8 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"unicode/utf8"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
