@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/net/publicsuffix"
+
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -268,6 +270,14 @@ func hostPatterns(hosts []string) ([]*rule, error) {
 		}
 		if r.isCIDR() {
 			return nil, errdefs.InvalidArgument("secret host %q: secrets are bound to names, not addresses", h)
+		}
+		if r.suffix != "" {
+			// "*.com", "*.co.uk" or "*.github.io" would hand the secret to
+			// any name anyone can register under that suffix.
+			rest := strings.TrimPrefix(r.suffix, ".")
+			if ps, _ := publicsuffix.PublicSuffix(rest); ps == rest {
+				return nil, errdefs.InvalidArgument("secret host %q: %s is a public suffix (anyone can register names under it); name the domain, e.g. *.example.%s", h, rest, rest)
+			}
 		}
 		out = append(out, r)
 	}

@@ -99,10 +99,21 @@ func TestSecretValidate(t *testing.T) {
 		func(s *Secret) { s.Hosts = nil },
 		func(s *Secret) { s.Hosts = []string{"10.0.0.0/8"} },
 		func(s *Secret) { s.Hosts = []string{"a.*.test"} },
+		// Wildcards over public suffixes: any registrant would get the secret.
+		func(s *Secret) { s.Hosts = []string{"*.com"} },
+		func(s *Secret) { s.Hosts = []string{"*.co.uk"} },
+		func(s *Secret) { s.Hosts = []string{"api.example.com", "*.github.io"} },
 		func(s *Secret) { s.Inject = Injection{} },
 		func(s *Secret) { s.Inject.QueryParam = "k" },
 		func(s *Secret) { s.Inject.Header = "Bad Header" },
 		func(s *Secret) { s.Inject.Format = "Bearer" },
+	}
+	for _, hosts := range [][]string{{"*.example.com"}, {"*.github.com", "api.example.co.uk"}, {"*.pythonhosted.org"}} {
+		s := ok
+		s.Hosts = hosts
+		if err := s.Validate(); err != nil {
+			t.Errorf("hosts %v: %v", hosts, err)
+		}
 	}
 	for i, f := range bad {
 		s := ok
