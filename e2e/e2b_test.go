@@ -209,6 +209,23 @@ func TestE2BAcrossRestart(t *testing.T) {
 		t.Errorf("a reserved tag: %v, want invalid_argument", err)
 	}
 
+	// A procedure space does not serve answers a Connect error in JSON
+	// (connect's own handler answered a text 404).
+	req, _ := http.NewRequest("POST", url+"/filesystem.Filesystem/Nope", strings.NewReader("{}"))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("E2b-Sandbox-Id", made.ID)
+	req.Header.Set("X-Access-Token", e2bAccessToken(t, url, key, made.ID))
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Error(err)
+	} else {
+		var e struct{ Code string }
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != 501 || e.Code != "unimplemented" {
+			t.Errorf("unknown procedure: %d %+v", resp.StatusCode, e)
+		}
+	}
+
 	s.stop(false)
 	s.start()
 

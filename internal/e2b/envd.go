@@ -18,8 +18,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/spacesandbox/space/internal/e2b/gen/filesystem"
 	"github.com/spacesandbox/space/internal/e2b/gen/filesystem/filesystemconnect"
+	"github.com/spacesandbox/space/internal/e2b/gen/process"
 	"github.com/spacesandbox/space/internal/e2b/gen/process/processconnect"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -42,10 +45,21 @@ func targetOf(ctx context.Context) envdTarget {
 func (h *Handler) envdMux() http.Handler {
 	m := http.NewServeMux()
 	h.procs = &processServer{h: h}
-	p, ph := processconnect.NewProcessHandler(h.procs)
-	m.Handle(p, ph)
-	f, fh := filesystemconnect.NewFilesystemHandler(&filesystemServer{h: h})
-	m.Handle(f, fh)
+	_, ph := processconnect.NewProcessHandler(h.procs)
+	_, fh := filesystemconnect.NewFilesystemHandler(&filesystemServer{h: h})
+	// Each procedure on its own path (not the services' prefixes), so an
+	// unknown one reaches the JSON fallback below, not connect's text 404.
+	for _, svc := range []struct {
+		fd      protoreflect.FileDescriptor
+		handler http.Handler
+	}{{process.File_process_proto, ph}, {filesystem.File_filesystem_proto, fh}} {
+		for i := range svc.fd.Services().Len() {
+			sd := svc.fd.Services().Get(i)
+			for j := range sd.Methods().Len() {
+				m.Handle("/"+string(sd.FullName())+"/"+string(sd.Methods().Get(j).Name()), svc.handler)
+			}
+		}
+	}
 	m.HandleFunc("GET /files", h.getFile)
 	m.HandleFunc("POST /files", h.postFile)
 	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })

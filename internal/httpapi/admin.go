@@ -142,18 +142,26 @@ func (a *API) buildTemplate(w http.ResponseWriter, r *http.Request, c sandbox.Ca
 		return
 	}
 	name := r.PathValue("name")
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	_ = rc.Flush()
 	var (
-		mu  sync.Mutex
-		buf bytes.Buffer
+		mu      sync.Mutex
+		buf     bytes.Buffer
+		started bool // the SSE answer began: errors from now on are events
 	)
+	// The stream starts with the first progress line, so a request that
+	// fails at once (an unknown template) gets a JSON error and its status.
+	start := func() {
+		if !started {
+			started = true
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Cache-Control", "no-cache")
+			w.WriteHeader(http.StatusOK)
+		}
+	}
 	emit := func(event string, v any) {
 		mu.Lock()
 		defer mu.Unlock()
+		start()
 		buf.Reset()
 		writeSSE(&buf, "", event, v)
 		w.Write(buf.Bytes())
@@ -163,6 +171,13 @@ func (a *API) buildTemplate(w http.ResponseWriter, r *http.Request, c sandbox.Ca
 		emit("progress", map[string]string{"line": line})
 	})
 	if err != nil {
+		mu.Lock()
+		early := !started
+		mu.Unlock()
+		if early {
+			a.writeError(w, r, err)
+			return
+		}
 		b, _ := errorBody(err)
 		emit("error", b)
 		return

@@ -86,11 +86,18 @@ func (s *Store) ListKeys(ctx context.Context, team string) ([]Key, error) {
 
 // DeleteKey removes the key id. Errors: errdefs.ErrNotFound.
 func (s *Store) DeleteKey(ctx context.Context, id string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM keys WHERE id = ?`, id)
+	// The last admin key is kept: without one no key could be made or
+	// removed until the server restarts (and re-adds its bootstrap key).
+	res, err := s.w.ExecContext(ctx, `DELETE FROM keys WHERE id = ?
+		AND (admin = 0 OR (SELECT COUNT(*) FROM keys WHERE admin != 0) > 1)`, id)
 	if err != nil {
 		return fmt.Errorf("store: delete key: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
+		var admin int
+		if s.r.QueryRowContext(ctx, `SELECT admin FROM keys WHERE id = ?`, id).Scan(&admin) == nil {
+			return errdefs.Conflict("key %s is the last admin key", id)
+		}
 		return errdefs.NotFound("key %s not found", id)
 	}
 	return nil

@@ -69,11 +69,21 @@ func TestKeys(t *testing.T) {
 	if ks, _ := s.ListKeys(ctx, ""); len(ks) != 2 {
 		t.Fatalf("ListKeys() = %d keys, want 2", len(ks))
 	}
+	// k1 is the only admin key: it stays (nothing could manage keys after).
+	if err := s.DeleteKey(ctx, "k1"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("delete the last admin key: got %v, want conflict", err)
+	}
+	if err := s.CreateKey(ctx, Key{ID: "k5", Hash: []byte("h5"), Team: "t1", Admin: true}); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.DeleteKey(ctx, "k1"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.DeleteKey(ctx, "k1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("delete twice: got %v", err)
+	}
+	if err := s.DeleteKey(ctx, "k4"); err != nil {
+		t.Fatalf("a team key: %v", err)
 	}
 }
 
