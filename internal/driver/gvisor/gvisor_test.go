@@ -65,15 +65,7 @@ func TestPinnedVersionMatchesMakefile(t *testing.T) {
 // one whose start was cut short after runsc made its cgroups (simulated by
 // making one by hand).
 func TestDestroyRemovesCgroups(t *testing.T) {
-	runsc := testenv.Runsc(t)
-	agent := testenv.Agent(t)
-	tpl := testenv.Base(t)
-	root := t.TempDir()
-	d, err := gvisor.New(t.Context(), gvisor.Config{Runsc: runsc, Root: filepath.Join(root, "runsc"), Log: slog.Default()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := func() driver.Spec { return newSpec(root, tpl.Path, agent) }
+	d, spec := newDriver(t)
 	cgroups := func(id string) []string {
 		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/space", id))
 		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/space", id)); err == nil {
@@ -239,15 +231,8 @@ func TestRestoreAcrossUpgrade(t *testing.T) {
 // A wait for the agent ends when the sandbox is destroyed: an API call
 // waiting on an agent that never came back used to hang after a delete.
 func TestDialAgentEndsAtDestroy(t *testing.T) {
-	runsc := testenv.Runsc(t)
-	agent := testenv.Agent(t)
-	tpl := testenv.Base(t)
-	root := t.TempDir()
-	d, err := gvisor.New(t.Context(), gvisor.Config{Runsc: runsc, Root: filepath.Join(root, "runsc"), Log: slog.Default()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	inst, err := d.Create(t.Context(), newSpec(root, tpl.Path, agent))
+	d, spec := newDriver(t)
+	inst, err := d.Create(t.Context(), spec())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,4 +252,19 @@ func TestDialAgentEndsAtDestroy(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("DialAgent still waiting 30 s after Destroy")
 	}
+}
+
+// newDriver is a gVisor driver on a fresh root, and a maker of specs of
+// the base template for it.
+func newDriver(t *testing.T) (*gvisor.Driver, func() driver.Spec) {
+	t.Helper()
+	runsc := testenv.Runsc(t)
+	agent := testenv.Agent(t)
+	tpl := testenv.Base(t)
+	root := t.TempDir()
+	d, err := gvisor.New(t.Context(), gvisor.Config{Runsc: runsc, Root: filepath.Join(root, "runsc"), Log: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, func() driver.Spec { return newSpec(root, tpl.Path, agent) }
 }
