@@ -414,3 +414,34 @@ func runscKill(t *testing.T, data, id string) {
 		return true
 	})
 }
+
+// A fork bomb is held to the sandbox's task limit (RLIMIT_NPROC scaled to
+// its memory) and the sandbox lives on: before, it stopped for OOM (the
+// sentry's memory per task) within seconds. Root in the sandbox still
+// works, and killing the bomb's process group ends it.
+func TestForkBomb(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(map[string]any{"memory_mb": 256})
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	var bg struct{ PID int }
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "bomb(){ bomb|bomb & }; bomb; sleep 600", "background": true}, &bg); code != 202 || bg.PID == 0 {
+		t.Fatalf("start the bomb: %d %+v", code, bg)
+	}
+	time.Sleep(8 * time.Second)
+	var sb sandboxView
+	if s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); sb.State != "running" {
+		t.Fatalf("sandbox after a fork bomb: %+v", sb)
+	}
+	var r execResult
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "echo alive", "user": "root"}, &r); code != 200 || r.Stdout != "alive\n" {
+		t.Fatalf("root during the bomb: %d %+v", code, r)
+	}
+	if code := s.do("POST", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/signal", id, bg.PID), s.key, map[string]string{"signal": "SIGKILL"}, nil); code != 204 {
+		t.Fatalf("kill the bomb: %d", code)
+	}
+	waitFor(t, "the bomb's processes to end", 30*time.Second, func() bool {
+		var r execResult
+		s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "ps -u user --no-headers | wc -l", "user": "root"}, &r)
+		return strings.TrimSpace(r.Stdout) == "0"
+	})
+}

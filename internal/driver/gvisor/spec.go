@@ -110,6 +110,17 @@ var agentCaps = []string{
 	"CAP_SYS_CHROOT", "CAP_AUDIT_WRITE", "CAP_SETFCAP", "CAP_MKNOD",
 }
 
+// nprocLimit is each user's task limit (processes and threads) inside the
+// sandbox. Every task costs the sentry memory outside the guest's view: a
+// fork bomb in a 256 MiB sandbox stopped it for OOM at ~300-500 tasks,
+// before the host's pids limit, and with 512 tasks allowed still did; with
+// three quarters of the memory in MiB (192 there, 384 in 512 MiB) the bomb
+// gets EAGAIN and the sandbox lives on (root in the sandbox can end it).
+// At most half the host pids limit, which counts the sentry's threads too.
+func nprocLimit(s driver.Spec) uint64 {
+	return uint64(min(max(s.MemoryMB*3/4, 64), max(s.PidsMax/2, 64)))
+}
+
 // buildSpec turns a driver.Spec into the OCI config runsc reads.
 func buildSpec(s driver.Spec, hostRunDir string) ociSpec {
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, s.Env...)
@@ -135,6 +146,7 @@ func buildSpec(s driver.Spec, hostRunDir string) ociSpec {
 			Capabilities: caps,
 			Rlimits: []ociRlimit{
 				{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536},
+				{Type: "RLIMIT_NPROC", Hard: nprocLimit(s), Soft: nprocLimit(s)},
 			},
 			NoNewPrivileges: true,
 		},
