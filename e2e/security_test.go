@@ -66,6 +66,8 @@ func TestBadInput(t *testing.T) {
 		// A FIFO or a device is not read (a FIFO held the request forever).
 		{"read a device", "GET", "/v1/sandboxes/" + id + "/files?path=/dev/zero", s.key, nil, 400, "invalid_argument"},
 		{"unknown route", "GET", "/v1/nothing", s.key, nil, 404, "not_found"},
+		// A team key of the admin team would see the admin's sandboxes.
+		{"team key for the admin team", "POST", "/v1/keys", s.key, `{"team":"admin"}`, 400, "invalid_argument"},
 		// An unknown template answered 200 and an SSE error event.
 		{"build an unknown template", "POST", "/v1/templates/no-such/build", s.key, nil, 404, "not_found"},
 	}

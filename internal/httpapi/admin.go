@@ -65,6 +65,12 @@ func (a *API) createKey(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 		a.writeError(w, r, errdefs.InvalidArgument("team: required; lowercase letters, digits, '.', '_', '-'"))
 		return
 	}
+	if req.Team == "admin" {
+		// The bootstrap admin's sandboxes are the admin team's: a team key
+		// of that name would see and kill them.
+		a.writeError(w, r, errdefs.InvalidArgument("team: admin is reserved for the server's admin key"))
+		return
+	}
 	if len(req.Name) > 128 {
 		a.writeError(w, r, errdefs.InvalidArgument("name: at most 128 bytes"))
 		return
