@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -429,7 +430,16 @@ func TestForkBomb(t *testing.T) {
 	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "bomb(){ bomb|bomb & }; bomb; sleep 600", "background": true}, &bg); code != 202 || bg.PID == 0 {
 		t.Fatalf("start the bomb: %d %+v", code, bg)
 	}
-	time.Sleep(8 * time.Second)
+	// The bomb fills the user's task limit (192 in 256 MiB); wait until it
+	// holds most of it.
+	waitFor(t, "the bomb to reach the task limit", 60*time.Second, func() bool {
+		var r execResult
+		if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "ps -u user --no-headers | wc -l", "user": "root"}, &r); code != 200 {
+			t.Fatalf("root during the bomb: %d %+v", code, r)
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(r.Stdout))
+		return n >= 150
+	})
 	var sb sandboxView
 	if s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb); sb.State != "running" {
 		t.Fatalf("sandbox after a fork bomb: %+v", sb)

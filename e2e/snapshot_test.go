@@ -537,7 +537,14 @@ func TestExecAcrossCheckpoint(t *testing.T) {
 		code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "for i in 1 2 3 4 5 6 7 8; do echo $i; sleep 0.25; done"}, &r)
 		done <- result{code, r}
 	}()
-	time.Sleep(500 * time.Millisecond)
+	waitFor(t, "the command to run", 30*time.Second, func() bool {
+		for _, p := range s.processes(id) {
+			if p.Running {
+				return true
+			}
+		}
+		return false
+	})
 	s.snapshot(id, "checkpoint", "")
 	var kids struct{ Sandboxes []sandboxView }
 	if code := s.do("POST", "/v1/sandboxes/"+id+"/fork", s.key, map[string]any{"count": 1}, &kids); code != 201 || len(kids.Sandboxes) != 1 {

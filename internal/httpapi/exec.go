@@ -163,8 +163,10 @@ func (c *chunks) add(b []byte) {
 	c.size += int64(len(b))
 }
 
-// textual is the package's textual over the concatenation of the chunks
-// (a rune may be split between two).
+// textual reports whether the output goes out as JSON text rather than
+// base64, the rule SSE output events apply per chunk, over the chunks
+// joined (a rune may be split between two): valid UTF-8 and at most a
+// quarter control bytes other than tab, CR, LF and ESC.
 func (c *chunks) textual() bool {
 	var carry []byte
 	ctl := int64(0)

@@ -134,13 +134,6 @@ func appendJSONTextAll(dst, s []byte) []byte {
 	return dst
 }
 
-// textual reports whether data goes out as JSON text rather than base64
-// (the rule appendOutputEvent applies to each chunk): valid UTF-8 and at
-// most a quarter control bytes other than tab, CR, LF and ESC.
-func textual(data []byte) bool {
-	return utf8.Valid(data) && controlBytes(data) <= len(data)/4
-}
-
 // controlBytes counts the control bytes textual holds against a text: all
 // but tab, CR, LF and ESC.
 func controlBytes(data []byte) int {

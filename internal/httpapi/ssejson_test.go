@@ -106,3 +106,10 @@ func BenchmarkOutputEvent(b *testing.B) {
 		}
 	})
 }
+
+// textual, the reference the encoders are checked against, reports whether data goes out as JSON text rather than base64
+// (the rule appendOutputEvent applies to each chunk): valid UTF-8 and at
+// most a quarter control bytes other than tab, CR, LF and ESC.
+func textual(data []byte) bool {
+	return utf8.Valid(data) && controlBytes(data) <= len(data)/4
+}
