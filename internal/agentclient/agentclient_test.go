@@ -1061,4 +1061,12 @@ func TestStats(t *testing.T) {
 	if st.DiskTotal <= 0 || st.DiskUsed < 0 || st.DiskUsed > st.DiskTotal {
 		t.Errorf("disk: %+v", st)
 	}
+	// Without the CPU: no measuring window, no file walk unless asked.
+	ds, err := h.c.DiskStats(t.Context(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds.CPUUsedPct != 0 || ds.LargeFiles != nil || ds.MemTotal <= 0 || ds.DiskTotal <= 0 {
+		t.Errorf("disk stats: %+v", ds)
+	}
 }

@@ -308,11 +308,15 @@ func (c *Client) Stats(ctx context.Context) (agentproto.Stats, error) {
 	return out, err
 }
 
-// StatsWithFiles is Stats that also names regular files larger than over
-// bytes (Stats.LargeFiles; it walks the guest's root filesystem).
-func (c *Client) StatsWithFiles(ctx context.Context, over int64) (agentproto.Stats, error) {
+// DiskStats is Stats without the CPU use (which may take a 100 ms
+// window), naming regular files larger than filesOver bytes when it is
+// positive (Stats.LargeFiles; the agent walks its root filesystem).
+func (c *Client) DiskStats(ctx context.Context, filesOver int64) (agentproto.Stats, error) {
 	var out agentproto.Stats
-	q := url.Values{"files_over": {strconv.FormatInt(over, 10)}}
+	q := url.Values{"cpu": {"0"}}
+	if filesOver > 0 {
+		q.Set("files_over", strconv.FormatInt(filesOver, 10))
+	}
 	err := c.call(ctx, request{method: http.MethodGet, path: agentproto.PathStats, query: q}, &out)
 	return out, err
 }

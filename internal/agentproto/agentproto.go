@@ -40,7 +40,7 @@ const (
 	PathFilesWatch = "/v1/files/watch"            // GET ?path=&recursive=1 → NDJSON WatchEvent stream
 	PathReclaim    = "/v1/memory/reclaim"         // POST → ReclaimResponse (kills the process using the most memory)
 	PathWarmup     = "/v1/warmup"                 // POST → 204 (runs what a first command would pay for; leaves no process behind)
-	PathStats      = "/v1/stats"                  // GET ?files_over=<bytes> → Stats (version ≥ 3)
+	PathStats      = "/v1/stats"                  // GET ?files_over=<bytes>&cpu=0 → Stats (version ≥ 3)
 )
 
 // ReclaimResponse names the process the agent killed to free memory when

@@ -85,7 +85,7 @@ func (s *Service) checkExport(ctx context.Context, sb store.Sandbox, l *live) er
 	if !ok {
 		return nil
 	}
-	st, err := l.agent.Stats(ctx)
+	st, err := l.agent.DiskStats(ctx, 0)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
 	}
@@ -96,7 +96,7 @@ func (s *Service) checkExport(ctx context.Context, sb store.Sandbox, l *live) er
 	if st.DiskUsed <= limit {
 		return nil
 	}
-	if st, err = l.agent.StatsWithFiles(ctx, limit); err != nil {
+	if st, err = l.agent.DiskStats(ctx, max(limit, 1)); err != nil {
 		return err
 	}
 	if len(st.LargeFiles) == 0 {
