@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -98,6 +99,34 @@ func TestCLI(t *testing.T) {
 	out, _, _ = run("", "template", "list")
 	if !strings.Contains(out, "base") {
 		t.Errorf("template list: %q", out)
+	}
+	// Quotas: set, shown with the team's use, enforced, reset.
+	out, errOut, code = run("", "quota", "set", "cli-quota", "--max-sandboxes", "1")
+	if code != 0 || out != "team      cli-quota (team quota)\nsandboxes 0 of 1\nmemory    0 MiB of no limit\n" {
+		t.Errorf("quota set: %d %q %q", code, out, errOut)
+	}
+	teamKey := s.teamKey("cli-quota")
+	s.do("POST", "/v1/sandboxes", teamKey, map[string]any{}, nil)
+	cmd := exec.Command(spaceBin(t), "create")
+	cmd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+teamKey)
+	if b, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(b), "1 sandboxes") {
+		t.Errorf("create past the quota: %v %q", err, b)
+	}
+	out, _, _ = run("", "quota", "get", "cli-quota", "--json")
+	var q quotaView
+	if err := json.Unmarshal([]byte(out), &q); err != nil || q.Usage.Sandboxes != 1 || q.MaxSandboxes != 1 {
+		t.Errorf("quota get --json: %q %v", out, err)
+	}
+	if _, errOut, code = run("", "quota", "reset", "cli-quota"); code != 0 {
+		t.Errorf("quota reset: %d %q", code, errOut)
+	}
+	if _, errOut, code = run("", "quota", "set", "cli-quota"); code == 0 || !strings.Contains(errOut, "--max-sandboxes") {
+		t.Errorf("quota set without a limit: %d %q", code, errOut)
+	}
+	var list struct{ Sandboxes []sandboxView }
+	s.do("GET", "/v1/sandboxes", teamKey, nil, &list)
+	for _, sb := range list.Sandboxes {
+		s.do("DELETE", "/v1/sandboxes/"+sb.ID, teamKey, nil, nil)
 	}
 }
 

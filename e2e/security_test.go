@@ -69,6 +69,16 @@ func TestBadInput(t *testing.T) {
 		{"unknown route", "GET", "/v1/nothing", s.key, nil, 404, "not_found"},
 		// A team key of the admin team would see the admin's sandboxes.
 		{"team key for the admin team", "POST", "/v1/keys", s.key, `{"team":"admin"}`, 400, "invalid_argument"},
+		// A bare null decoded into the zero request and created a sandbox.
+		{"null body", "POST", "/v1/sandboxes", s.key, `null`, 400, "invalid_argument"},
+		{"wrong method", "PATCH", "/v1/sandboxes/" + id, s.key, `{}`, 405, "method_not_allowed"},
+		// A terminal without a WebSocket handshake answered in plain text.
+		{"pty without upgrade", "GET", "/v1/sandboxes/" + id + "/pty", s.key, nil, 426, "upgrade_required"},
+		{"* with other allow entries", "POST", "/v1/sandboxes", s.key, `{"network":{"allow":["*","example.com"]}}`, 400, "invalid_argument"},
+		{"quota of a bad team name", "PUT", "/v1/teams/A%20B/quota", s.key, `{"max_sandboxes":1}`, 400, "invalid_argument"},
+		{"negative quota", "PUT", "/v1/teams/qt/quota", s.key, `{"max_sandboxes":-1}`, 400, "invalid_argument"},
+		{"empty quota", "PUT", "/v1/teams/qt/quota", s.key, `{}`, 400, "invalid_argument"},
+		{"no quota to delete", "DELETE", "/v1/teams/qt/quota", s.key, nil, 404, "not_found"},
 		// An unknown template answered 200 and an SSE error event.
 		{"build an unknown template", "POST", "/v1/templates/no-such/build", s.key, nil, 404, "not_found"},
 	}

@@ -147,5 +147,10 @@ test('network options map onto the egress policy', async () => {
     await sbx.updateNetwork({ allowOut: ['example.com'] })
     const after = await sbx.getInfo()
     assert.deepEqual(after.network.allowOut, ['example.com'])
+    // Taking everything away again (it answered 400: a deny list of "*").
+    await sbx.updateNetwork({ allowInternetAccess: false })
+    const closed = await sbx.getInfo()
+    assert.equal(closed.allowInternetAccess, false)
+    assert.deepEqual(closed.network?.allowOut ?? [], [])
   }, { opts: { allowInternetAccess: false } })
 })

@@ -178,3 +178,87 @@ func fmtBytes(n int64) string {
 	}
 	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
+
+func (a *app) quotaCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "quota",
+		Short: "Show and set a team's quota (sandboxes and memory it may hold at once)",
+	}
+	var asJSON bool
+	show := func(q *space.Quota) error {
+		if asJSON {
+			return printJSON(a.stdout, q)
+		}
+		limit := func(n int, unit string) string {
+			if n == 0 {
+				return "no limit"
+			}
+			return fmt.Sprintf("%d%s", n, unit)
+		}
+		fmt.Fprintf(a.stdout, "team      %s (%s quota)\n", q.Team, q.Source)
+		fmt.Fprintf(a.stdout, "sandboxes %d of %s\n", q.Usage.Sandboxes, limit(q.MaxSandboxes, ""))
+		fmt.Fprintf(a.stdout, "memory    %d MiB of %s\n", q.Usage.MemoryMB, limit(q.MaxMemoryMB, " MiB"))
+		return nil
+	}
+	get := &cobra.Command{
+		Use:   "get <team>",
+		Short: "Show a team's quota and what it holds (a team key: its own team)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			q, err := c.GetQuota(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return show(q)
+		},
+	}
+	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	var maxSandboxes, maxMemory int
+	set := &cobra.Command{
+		Use:   "set <team> [--max-sandboxes N] [--max-memory-mb N]",
+		Short: "Give a team a quota of its own (admin; 0 is no limit, a limit not given is none)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var req space.SetQuotaRequest
+			if cmd.Flags().Changed("max-sandboxes") {
+				req.MaxSandboxes = &maxSandboxes
+			}
+			if cmd.Flags().Changed("max-memory-mb") {
+				req.MaxMemoryMB = &maxMemory
+			}
+			if req.MaxSandboxes == nil && req.MaxMemoryMB == nil {
+				return usageError(cmd, "give --max-sandboxes, --max-memory-mb or both")
+			}
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			q, err := c.SetQuota(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			return show(q)
+		},
+	}
+	set.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "sandboxes held at once, running or paused (0: no limit)")
+	set.Flags().IntVar(&maxMemory, "max-memory-mb", 0, "memory in MiB of those sandboxes together (0: no limit)")
+	set.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	reset := &cobra.Command{
+		Use:   "reset <team>",
+		Short: "Return a team to the server's default quota (admin)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			return c.DeleteQuota(cmd.Context(), args[0])
+		},
+	}
+	cmd.AddCommand(get, set, reset)
+	return cmd
+}

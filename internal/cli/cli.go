@@ -108,6 +108,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.ptyCommand(),
 		a.templateCommand(),
 		a.keysCommand(),
+		a.quotaCommand(),
 		a.networkCommand(),
 		a.egressCommand(),
 		a.secretCommand(),

@@ -658,7 +658,7 @@ func (h *Handler) updateNetwork(w http.ResponseWriter, r *http.Request, c sandbo
 	}
 	spec := networkSpec(b.AllowInternetAccess, b.AllowOut, b.DenyOut)
 	if spec == nil {
-		spec = &sandbox.NetworkSpec{Deny: []string{"*"}}
+		spec = &sandbox.NetworkSpec{} // an empty allow list: nothing leaves
 	}
 	if _, err := h.svc.SetNetwork(r.Context(), c, sb.ID, *spec); err != nil {
 		h.writeError(w, r, err)

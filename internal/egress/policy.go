@@ -230,6 +230,8 @@ func compileRule(r Rule, defaultPorts []int) (*rule, error) {
 			return nil, errdefs.InvalidArgument("egress rule %q: %v", r.Host, err)
 		}
 		cr.suffix = "." + strings.TrimSuffix(rest, ".")
+	case h == "*":
+		return nil, errdefs.InvalidArgument("egress rule \"*\" (every public destination) must be the allow list's only entry")
 	case strings.Contains(h, "*"):
 		return nil, errdefs.InvalidArgument("egress rule %q: '*' is allowed only as '*.domain'", r.Host)
 	default:

@@ -5,6 +5,7 @@
 package httpapi
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -111,12 +113,38 @@ func New(cfg Config) *API {
 	auth("POST /v1/keys", a.createKey)
 	auth("GET /v1/keys", a.listKeys)
 	auth("DELETE /v1/keys/{id}", a.deleteKey)
+	auth("GET /v1/teams/{team}/quota", a.getQuota)
+	auth("PUT /v1/teams/{team}/quota", a.putQuota)
+	auth("DELETE /v1/teams/{team}/quota", a.deleteQuota)
 	auth("POST /v1/security/probe", a.securityProbe)
 	auth("GET /v1/security/report", a.securityReport)
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		a.writeError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
-	})
+	m.HandleFunc("/", a.noRoute)
 	return a
+}
+
+// noRoute answers what no pattern took: 405 with an Allow header when the
+// path exists under other methods (the catch-all pattern hides the mux's own
+// 405), else 404; both as JSON errors.
+func (a *API) noRoute(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range []string{"GET", "POST", "PUT", "DELETE"} {
+		if m == r.Method {
+			continue
+		}
+		probe := &http.Request{Method: m, URL: r.URL, Host: r.Host, Header: http.Header{}}
+		if _, pattern := a.mux.Handler(probe); pattern != "" && pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		if slices.Contains(allow, "GET") {
+			allow = append(allow, "HEAD")
+		}
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		a.writeError(w, r, errdefs.Newf(errdefs.ErrMethodNotAllowed, "%s %s: method not allowed (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", ")))
+		return
+	}
+	a.writeError(w, r, errdefs.NotFound("no route for %s %s", r.Method, r.URL.Path))
 }
 
 // ServeHTTP implements http.Handler: panics become 500s, every request is
@@ -248,7 +276,23 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // decode reads a JSON body strictly: unknown fields, trailing data and
 // oversized bodies are invalid arguments.
 func decode(r *http.Request, v any) error {
-	body := http.MaxBytesReader(nil, r.Body, maxJSONBody)
+	body := bufio.NewReader(http.MaxBytesReader(nil, r.Body, maxJSONBody))
+	// Only an object: a bare null (or a number, string, array) would decode
+	// into the zero request and act on defaults the caller never chose.
+	for {
+		c, err := body.ReadByte()
+		if err != nil {
+			break // empty or unreadable: the decoder says which below
+		}
+		if c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+			continue
+		}
+		_ = body.UnreadByte()
+		if c != '{' {
+			return errdefs.InvalidArgument("request body: expected a JSON object")
+		}
+		break
+	}
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

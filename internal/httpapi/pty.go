@@ -22,6 +22,19 @@ import (
 // messages {"type":"resize","cols":N,"rows":N}; the server ends with a text
 // message {"type":"exit","exit_code":N} and a normal close.
 func (a *API) pty(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	// The handshake is checked before a process starts (the WebSocket
+	// library would answer a plain-text error after it).
+	if !headerHasToken(r.Header, "Connection", "upgrade") || !headerHasToken(r.Header, "Upgrade", "websocket") ||
+		r.Header.Get("Sec-WebSocket-Version") != "13" {
+		w.Header().Set("Upgrade", "websocket")
+		w.Header().Set("Sec-WebSocket-Version", "13")
+		a.writeError(w, r, errdefs.Newf(errdefs.ErrUpgradeRequired, "this endpoint is a WebSocket (version 13): send Connection: Upgrade, Upgrade: websocket"))
+		return
+	}
+	if r.Header.Get("Sec-WebSocket-Key") == "" {
+		a.writeError(w, r, errdefs.InvalidArgument("missing Sec-WebSocket-Key"))
+		return
+	}
 	q := r.URL.Query()
 	size := agentproto.PTYSize{Cols: 80, Rows: 24}
 	for _, p := range []struct {
@@ -126,4 +139,17 @@ func (a *API) pty(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 			return
 		}
 	}
+}
+
+// headerHasToken reports whether a comma-separated header lists token
+// (case-insensitively), as Connection and Upgrade do.
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
 }

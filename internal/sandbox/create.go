@@ -192,6 +192,10 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
+	quota, err := s.admit(ctx, sb.Team, 1, sb.MemoryMB)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
 	// Creation must finish or roll back even if the client goes away.
 	ctx = context.WithoutCancel(ctx)
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -201,7 +205,10 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	// over when there is one: only the identity remains to be given.
 	if p := s.pools.get(shapeOf(sb)); p != nil {
 		if w := p.take(); w != nil {
-			out, err := s.claim(ctx, c, sb, req, w)
+			out, err := s.claim(ctx, c, sb, req, w, quota)
+			if errorsIs(err, errdefs.ErrQuotaExceeded) {
+				return out, err // lost a race for the team's last place
+			}
 			if err == nil {
 				s.metrics.CreateLatency.WithLabelValues(sb.Driver).Observe(s.now().Sub(start).Seconds())
 				return out, nil
@@ -210,7 +217,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		}
 	}
 
-	if err := s.store.CreateSandbox(ctx, sb); err != nil {
+	if err := s.store.CreateSandboxWithin(ctx, sb, quota); err != nil {
 		return store.Sandbox{}, err
 	}
 	if err := s.putNetwork(ctx, sb.ID, req.Network, req.Secrets); err != nil {

@@ -45,6 +45,11 @@ func (s *Service) Fork(ctx context.Context, c Caller, id string, count int, sid 
 		if err != nil {
 			return nil, err
 		}
+		// All children must fit before the checkpoint is taken (each
+		// child's record is checked again when it is written).
+		if _, err := s.admit(ctx, childTeam(c, parent), count, parent.MemoryMB); err != nil {
+			return nil, err
+		}
 		cp, ok := l.inst.(driver.Checkpointer)
 		if _, canRestore := s.drivers[parent.Driver].(driver.Restorer); !ok || !canRestore {
 			return nil, errdefs.NotSupported("driver %s cannot fork", parent.Driver)
@@ -72,6 +77,9 @@ func (s *Service) Fork(ctx context.Context, c Caller, id string, count int, sid 
 		defer os.RemoveAll(image)
 		if sn.SandboxID != parent.ID {
 			return nil, errdefs.InvalidArgument("snapshot %s is not of sandbox %s", sid, id)
+		}
+		if _, err := s.admit(ctx, childTeam(c, parent), count, parent.MemoryMB); err != nil {
+			return nil, err
 		}
 	}
 	children := make([]store.Sandbox, count)
@@ -146,13 +154,10 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 	}
 	now := s.now().UTC()
 	sb := parent
-	sb.ID, sb.Team, sb.State, sb.Reason, sb.Handle = newID(), c.Team, StateCreating, "", nil
+	sb.ID, sb.Team, sb.State, sb.Reason, sb.Handle = newID(), childTeam(c, parent), StateCreating, "", nil
 	sb.CreatedAt, sb.UpdatedAt, sb.StoppedAt = now, now, nil
 	sb.Env = maps.Clone(parent.Env)
 	sb.Metadata = maps.Clone(parent.Metadata)
-	if c.Admin {
-		sb.Team = parent.Team
-	}
 	if req.TimeoutS > 0 {
 		sb.TimeoutS = req.TimeoutS
 	}
@@ -166,7 +171,11 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 		sb.Env[k] = v
 	}
 	sb.ExpiresAt = now.Add(time.Duration(sb.TimeoutS) * time.Second)
-	if err := s.store.CreateSandbox(ctx, sb); err != nil {
+	quota, err := s.admit(ctx, sb.Team, 1, sb.MemoryMB)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	if err := s.store.CreateSandboxWithin(ctx, sb, quota); err != nil {
 		return store.Sandbox{}, err
 	}
 	log := s.log.With("sandbox", sb.ID)
@@ -235,4 +244,13 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 	s.watch(sb.ID, l)
 	log.Info("sandbox restored", "from", parent.ID, "ms", s.now().Sub(start).Milliseconds())
 	return s.store.GetSandbox(ctx, sb.ID)
+}
+
+// childTeam is the team a fork's or restore's new sandbox belongs to: the
+// caller's, or for an admin the parent's.
+func childTeam(c Caller, parent store.Sandbox) string {
+	if c.Admin {
+		return parent.Team
+	}
+	return c.Team
 }

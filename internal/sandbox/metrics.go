@@ -21,6 +21,10 @@ type Metrics struct {
 	// OOMKills counts processes the agent killed because their sandbox
 	// reached its memory (driver.MemoryWatcher).
 	OOMKills prometheus.Counter
+	// CreatesRefused counts creates, forks and restores refused before any
+	// work, by reason: "team" (its quota) or "host" (memory below the
+	// reserve).
+	CreatesRefused *prometheus.CounterVec
 }
 
 // NewMetrics registers the service's instruments on reg. The sandbox count
@@ -47,8 +51,11 @@ func NewMetrics(reg prometheus.Registerer, counts func(context.Context) (map[str
 		OOMKills: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "space", Name: "sandbox_oom_kills_total", Help: "Processes killed because their sandbox reached its memory (the sandbox lives on).",
 		}),
+		CreatesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "space", Name: "sandbox_creates_refused_total", Help: "Creates, forks and restores refused by a team's quota (team) or the host's memory reserve (host).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency, m.PoolRefills, m.PoolImage, m.OOMKills)
+	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency, m.PoolRefills, m.PoolImage, m.OOMKills, m.CreatesRefused)
 	if counts != nil {
 		reg.MustRegister(&stateCollector{counts: counts, desc: prometheus.NewDesc("space_sandboxes", "Sandboxes by state.", []string{"state"}, nil)})
 	}

@@ -77,6 +77,9 @@ type pool struct {
 	mu     sync.Mutex
 	claims []time.Time
 	boot   time.Duration // last boot time
+	// starved is set (by fill only) while the host is below its memory
+	// reserve, so the refusal is logged once.
+	starved bool
 }
 
 type pools struct {
@@ -212,6 +215,20 @@ func (p *pool) fill(ctx context.Context) {
 			if ctx.Err() != nil {
 				return // stopped while waiting: no boot to throw away
 			}
+			if err := p.s.hostHasRoom(); err != nil {
+				// Below the host's memory reserve: creates are refused,
+				// and a boot would only take more.
+				if !p.starved {
+					p.s.log.Warn("warm pool: not refilling", "err", err)
+					p.starved = true
+				}
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				continue
+			}
+			p.starved = false
 			bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Minute)
 			w, err := p.refill(bctx)
 			bcancel()
@@ -301,7 +318,7 @@ func (s *Service) discardWarm(w *warm) {
 //
 // On failure before the answer the warm sandbox is destroyed, never put
 // back.
-func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req CreateRequest, w *warm) (store.Sandbox, error) {
+func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req CreateRequest, w *warm, quota store.Quota) (store.Sandbox, error) {
 	sb := w.sb
 	sb.Team, sb.Env, sb.Metadata = want.Team, want.Env, want.Metadata
 	sb.TimeoutS, sb.OnTimeout = want.TimeoutS, want.OnTimeout
@@ -326,11 +343,11 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 		if err := s.initAgent(ctx, sb, w.agent, claimInit(w), true); err != nil {
 			return fail(err)
 		}
-		if err := s.store.ClaimSandbox(ctx, sb); err != nil {
+		if err := s.store.ClaimSandboxWithin(ctx, sb, quota); err != nil {
 			return fail(err)
 		}
 	} else {
-		if err := s.store.ClaimSandbox(ctx, sb); err != nil {
+		if err := s.store.ClaimSandboxWithin(ctx, sb, quota); err != nil {
 			return fail(err)
 		}
 		init := claimInit(w)

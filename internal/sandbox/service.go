@@ -54,6 +54,12 @@ type Config struct {
 	// Limits a create may ask for.
 	MaxCPU      int
 	MaxMemoryMB int
+	// TeamQuota applies to every team without a quota of its own (zero
+	// fields: no limit).
+	TeamQuota store.Quota
+	// ReserveMemoryMB is the host memory (MemAvailable) kept free: below it
+	// creates are refused and pools do not refill. 0: no reserve.
+	ReserveMemoryMB int
 	// StoppedRetention is how long records of stopped sandboxes are kept.
 	StoppedRetention time.Duration
 	// Rootfs resolves a template into what a driver boots (path and

@@ -36,6 +36,14 @@ type Config struct {
 	// ParsePoolDrivers). An entry for the default driver replaces
 	// --pool-size for it.
 	PoolDrivers string
+	// Admission. A team without a quota of its own (PUT
+	// /v1/teams/{team}/quota) gets these; 0 is no limit.
+	TeamMaxSandboxes int // --team-max-sandboxes: sandboxes held at once, running or paused (default 0: none)
+	TeamMaxMemoryMB  int // --team-max-memory-mb: the sum of their memory (default 0: none)
+	// ReserveMemoryMB is host memory (MemAvailable) kept free: below it new
+	// sandboxes are refused (--reserve-memory-mb; default 5 % of the host,
+	// 256 MiB to 2 GiB; -1 off).
+	ReserveMemoryMB int
 	// Snapshots.
 	SnapshotIntervalS int    // --snapshot-interval: automatic files snapshots (default 300; -1 off)
 	RetentionDays     int    // --retention-days (default 7)
@@ -112,6 +120,17 @@ func (c *Config) Defaults() {
 // Validate checks the settings Defaults cannot fill in: the on|off
 // switches take exactly on or off (a typo must not silently pick one).
 func (c *Config) Validate() error {
+	for _, f := range []struct {
+		flag string
+		v    int
+	}{{"--team-max-sandboxes", c.TeamMaxSandboxes}, {"--team-max-memory-mb", c.TeamMaxMemoryMB}} {
+		if f.v < 0 {
+			return fmt.Errorf("%s %d: want 0 (no limit) or more", f.flag, f.v)
+		}
+	}
+	if c.ReserveMemoryMB < -1 {
+		return fmt.Errorf("--reserve-memory-mb %d: want -1 (off), 0 (the default) or more", c.ReserveMemoryMB)
+	}
 	for _, f := range []struct{ flag, v string }{
 		{"--checkpoint-on-pause", c.CheckpointOnPause},
 		{"--qemu-cgroups", c.QEMUCgroups},

@@ -124,8 +124,10 @@ func Run(ctx context.Context, cfg Config) error {
 	svc := sandbox.New(sandbox.Config{
 		DataDir: cfg.DataDir, AgentPath: cfg.AgentPath,
 		DefaultDriver: cfg.Driver, DefaultTemplate: cfg.DefaultTemplate,
-		DefaultTimeout: time.Duration(cfg.DefaultTimeoutS) * time.Second,
-		MaxTimeout:     time.Duration(cfg.MaxTimeoutS) * time.Second,
+		DefaultTimeout:  time.Duration(cfg.DefaultTimeoutS) * time.Second,
+		MaxTimeout:      time.Duration(cfg.MaxTimeoutS) * time.Second,
+		TeamQuota:       store.Quota{MaxSandboxes: cfg.TeamMaxSandboxes, MaxMemoryMB: cfg.TeamMaxMemoryMB},
+		ReserveMemoryMB: reserveMB(cfg.ReserveMemoryMB),
 		// Each driver gets the template in the form it boots: the
 		// directory for gVisor, a raw ext4 image (built once per template
 		// digest) for VMs.
@@ -372,3 +374,14 @@ func poolConfigs(cfg Config, specs []PoolSpec) []sandbox.PoolConfig {
 // would pay (snapshot loads take milliseconds) but is untested on a host
 // without KVM, so it stays off.
 func refillsFromImage(drv string) bool { return drv == qemu.Name }
+
+// reserveMB resolves --reserve-memory-mb: 0 is the default, -1 off.
+func reserveMB(flag int) int {
+	switch {
+	case flag == 0:
+		return sandbox.DefaultReserveMB()
+	case flag < 0:
+		return 0
+	}
+	return flag
+}

@@ -55,6 +55,12 @@ func (s *Store) CountSandboxesByState(ctx context.Context) (map[string]int, erro
 // owner fields, timeout and state pooled → running. It fails with
 // ErrConflict when the sandbox is not pooled (already claimed, or gone).
 func (s *Store) ClaimSandbox(ctx context.Context, sb Sandbox) error {
+	return s.ClaimSandboxWithin(ctx, sb, Quota{})
+}
+
+// ClaimSandboxWithin is ClaimSandbox under the new owner's quota q, checked
+// in the same statement. Errors also errdefs.ErrQuotaExceeded.
+func (s *Store) ClaimSandboxWithin(ctx context.Context, sb Sandbox, q Quota) error {
 	env, err := encodeMap(sb.Env)
 	if err != nil {
 		return err
@@ -63,16 +69,25 @@ func (s *Store) ClaimSandbox(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return err
 	}
-	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET team = ?, env = ?, metadata = ?, timeout_s = ?, on_timeout = ?,
+	query := `UPDATE sandboxes SET team = ?, env = ?, metadata = ?, timeout_s = ?, on_timeout = ?,
 		created_at = ?, updated_at = ?, expires_at = ?, snapshot_interval_s = ?, retention_days = ?, state = 'running'
-		WHERE id = ? AND state = 'pooled'`,
-		sb.Team, env, md, sb.TimeoutS, sb.OnTimeout, toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt),
-		sb.SnapshotIntervalS, sb.RetentionDays, sb.ID)
+		WHERE id = ? AND state = 'pooled'`
+	args := []any{sb.Team, env, md, sb.TimeoutS, sb.OnTimeout, toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt),
+		sb.SnapshotIntervalS, sb.RetentionDays, sb.ID}
+	if !q.Unlimited() {
+		query += ` AND ` + withinSQL
+		args = append(args, withinArgs(sb.Team, sb.MemoryMB, q)...)
+	}
+	res, err := s.w.ExecContext(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("store: claim sandbox: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return errdefs.Conflict("sandbox %s is not pooled", sb.ID)
+		notPooled := errdefs.Conflict("sandbox %s is not pooled", sb.ID)
+		if q.Unlimited() {
+			return notPooled
+		}
+		return s.refused(ctx, sb.Team, sb.MemoryMB, q, notPooled)
 	}
 	return nil
 }

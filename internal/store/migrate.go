@@ -114,6 +114,16 @@ CREATE TABLE secrets (
 ALTER TABLE sandboxes ADD COLUMN snapshot_interval_s INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE sandboxes ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
 `,
+	// 5: per-team quotas, and an index for counting a team's live sandboxes.
+	`
+CREATE TABLE team_quotas (
+	team          TEXT PRIMARY KEY,
+	max_sandboxes INTEGER NOT NULL DEFAULT 0,
+	max_memory_mb INTEGER NOT NULL DEFAULT 0,
+	updated_at    INTEGER NOT NULL
+);
+CREATE INDEX sandboxes_live_team ON sandboxes(team) WHERE state IN ('creating', 'running', 'paused', 'stopping');
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

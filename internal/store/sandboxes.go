@@ -92,6 +92,14 @@ func scanSandbox(sc scanner) (Sandbox, error) {
 // Errors: errdefs.ErrInvalidArgument for a missing id, team or state,
 // errdefs.ErrConflict if the id exists.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
+	return s.CreateSandboxWithin(ctx, sb, Quota{})
+}
+
+// CreateSandboxWithin is CreateSandbox under the team's quota q, checked
+// and stored in one statement (the single writer serializes them, so
+// concurrent creates cannot overshoot). Errors also
+// errdefs.ErrQuotaExceeded.
+func (s *Store) CreateSandboxWithin(ctx context.Context, sb Sandbox, q Quota) error {
 	if sb.ID == "" || sb.Team == "" || sb.State == "" {
 		return errdefs.InvalidArgument("sandbox needs an id, a team and a state")
 	}
@@ -110,13 +118,24 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sb.ID, sb.Team, sb.Template, sb.TemplateDigest, sb.Driver, sb.State, sb.Reason, sb.Handle, env, md,
+	args := []any{sb.ID, sb.Team, sb.Template, sb.TemplateDigest, sb.Driver, sb.State, sb.Reason, sb.Handle, env, md,
 		sb.CPU, sb.MemoryMB, sb.TimeoutS, sb.OnTimeout,
 		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt), toNullNanos(sb.StoppedAt),
-		sb.SnapshotIntervalS, sb.RetentionDays)
-	return classify(err, "sandbox "+sb.ID)
+		sb.SnapshotIntervalS, sb.RetentionDays}
+	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
+	if q.Unlimited() {
+		_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES (`+values+`)`, args...)
+		return classify(err, "sandbox "+sb.ID)
+	}
+	res, err := s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) SELECT `+values+` WHERE `+withinSQL,
+		append(args, withinArgs(sb.Team, sb.MemoryMB, q)...)...)
+	if err != nil {
+		return classify(err, "sandbox "+sb.ID)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return s.refused(ctx, sb.Team, sb.MemoryMB, q, fmt.Errorf("store: sandbox %s not stored", sb.ID))
+	}
+	return nil
 }
 
 // GetSandbox returns the sandbox id. Errors: errdefs.ErrNotFound.

@@ -11,16 +11,19 @@ import (
 
 // Machine codes the server puts in the "error" field of an error body.
 const (
-	CodeInvalidArgument  = "invalid_argument"  // 400
-	CodeUnauthenticated  = "unauthenticated"   // 401
-	CodePermissionDenied = "permission_denied" // 403
-	CodeNotFound         = "not_found"         // 404
-	CodeConflict         = "conflict"          // 409
-	CodeTooLarge         = "too_large"         // 413
-	CodeInternal         = "internal"          // 500
-	CodeNotSupported     = "not_supported"     // 501
-	CodeUnavailable      = "unavailable"       // 503
-	CodeDeadlineExceeded = "deadline_exceeded" // 504
+	CodeInvalidArgument  = "invalid_argument"   // 400
+	CodeUnauthenticated  = "unauthenticated"    // 401
+	CodePermissionDenied = "permission_denied"  // 403
+	CodeNotFound         = "not_found"          // 404
+	CodeConflict         = "conflict"           // 409
+	CodeMethodNotAllowed = "method_not_allowed" // 405
+	CodeTooLarge         = "too_large"          // 413
+	CodeUpgradeRequired  = "upgrade_required"   // 426
+	CodeQuotaExceeded    = "quota_exceeded"     // 429: a team's quota
+	CodeInternal         = "internal"           // 500
+	CodeNotSupported     = "not_supported"      // 501
+	CodeUnavailable      = "unavailable"        // 503
+	CodeDeadlineExceeded = "deadline_exceeded"  // 504
 )
 
 // APIError is an error reported by the server:
@@ -60,7 +63,10 @@ var (
 	ErrPermissionDenied = &APIError{Status: 403, Code: CodePermissionDenied}
 	ErrNotFound         = &APIError{Status: 404, Code: CodeNotFound}
 	ErrConflict         = &APIError{Status: 409, Code: CodeConflict}
+	ErrMethodNotAllowed = &APIError{Status: 405, Code: CodeMethodNotAllowed}
 	ErrTooLarge         = &APIError{Status: 413, Code: CodeTooLarge}
+	ErrUpgradeRequired  = &APIError{Status: 426, Code: CodeUpgradeRequired}
+	ErrQuotaExceeded    = &APIError{Status: 429, Code: CodeQuotaExceeded}
 	ErrInternal         = &APIError{Status: 500, Code: CodeInternal}
 	ErrNotSupported     = &APIError{Status: 501, Code: CodeNotSupported}
 	ErrUnavailable      = &APIError{Status: 503, Code: CodeUnavailable}
@@ -75,6 +81,10 @@ func IsUnauthenticated(err error) bool { return errors.Is(err, ErrUnauthenticate
 
 // IsPermissionDenied reports whether err is a 403 permission_denied APIError.
 func IsPermissionDenied(err error) bool { return errors.Is(err, ErrPermissionDenied) }
+
+// IsQuotaExceeded reports whether err is a 429 quota_exceeded APIError: the
+// team holds as many sandboxes (or as much memory) as its quota allows.
+func IsQuotaExceeded(err error) bool { return errors.Is(err, ErrQuotaExceeded) }
 
 // IsNotFound reports whether err is a 404 not_found APIError.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }

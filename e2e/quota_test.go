@@ -1,0 +1,165 @@
+package e2e
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type quotaView struct {
+	Team         string `json:"team"`
+	MaxSandboxes int    `json:"max_sandboxes"`
+	MaxMemoryMB  int    `json:"max_memory_mb"`
+	Source       string `json:"source"`
+	Usage        struct {
+		Sandboxes int `json:"sandboxes"`
+		MemoryMB  int `json:"memory_mb"`
+	} `json:"usage"`
+}
+
+// TestQuotas: a team's quota holds against concurrent creates, forks and
+// paused sandboxes, refuses with 429 quota_exceeded and makes nothing, and
+// touches no other team. Only an admin sets quotas; a team reads its own.
+func TestQuotas(t *testing.T) {
+	s := sharedServer(t)
+	key := s.teamKey("quota-a")
+	otherKey := s.teamKey("quota-b")
+	path := "/v1/teams/quota-a/quota"
+
+	var q quotaView
+	if code := s.do("GET", path, key, nil, &q); code != 200 || q.Source != "default" || q.MaxSandboxes != 0 || q.Usage.Sandboxes != 0 {
+		t.Fatalf("a team's default quota: %d %+v", code, q)
+	}
+	var e apiError
+	if code := s.do("GET", "/v1/teams/quota-b/quota", key, nil, &e); code != 403 {
+		t.Errorf("a team read another team's quota: %d %+v", code, e)
+	}
+	if code := s.do("PUT", path, key, map[string]int{"max_sandboxes": 100}, &e); code != 403 {
+		t.Errorf("a team set its own quota: %d %+v", code, e)
+	}
+	if code := s.do("PUT", path, s.key, map[string]int{"max_sandboxes": 2}, &q); code != 200 || q.Source != "team" || q.MaxSandboxes != 2 || q.MaxMemoryMB != 0 {
+		t.Fatalf("admin sets a quota: %d %+v", code, q)
+	}
+
+	// Four creates at once against a limit of two: two made, two refused.
+	var (
+		mu      sync.Mutex
+		made    []string
+		refused []apiError
+		wg      sync.WaitGroup
+	)
+	for range 4 {
+		wg.Go(func() {
+			var out struct {
+				ID string `json:"id"`
+				apiError
+			}
+			code := s.do("POST", "/v1/sandboxes", key, map[string]any{}, &out)
+			mu.Lock()
+			defer mu.Unlock()
+			switch code {
+			case 201:
+				made = append(made, out.ID)
+			case 429:
+				refused = append(refused, out.apiError)
+			default:
+				t.Errorf("create under a quota: %d %+v", code, out)
+			}
+		})
+	}
+	wg.Wait()
+	if len(made) != 2 || len(refused) != 2 {
+		t.Fatalf("4 creates with room for 2: %d made, %d refused", len(made), len(refused))
+	}
+	if r := refused[0]; r.Code != 429 || r.Error != "quota_exceeded" || !strings.Contains(r.Message, "2 sandboxes") {
+		t.Errorf("refusal: %+v", r)
+	}
+	t.Logf("refused: %s", refused[0].Message)
+	s.do("GET", path, key, nil, &q)
+	if q.Usage.Sandboxes != 2 || q.Usage.MemoryMB != 1024 {
+		t.Errorf("usage after two creates: %+v", q.Usage)
+	}
+	var list struct{ Sandboxes []sandboxView }
+	s.do("GET", "/v1/sandboxes", key, nil, &list)
+	if len(list.Sandboxes) != 2 {
+		t.Errorf("the team lists %d sandboxes, want the 2 made", len(list.Sandboxes))
+	}
+
+	// A fork would make a third; another team is not affected.
+	if code := s.do("POST", "/v1/sandboxes/"+made[0]+"/fork", key, map[string]int{"count": 1}, &e); code != 429 || e.Error != "quota_exceeded" {
+		t.Errorf("fork past the quota: %d %+v", code, e)
+	}
+	var sb sandboxView
+	if code := s.do("POST", "/v1/sandboxes", otherKey, map[string]any{}, &sb); code != 201 {
+		t.Fatalf("another team's create: %d", code)
+	}
+	s.do("DELETE", "/v1/sandboxes/"+sb.ID, otherKey, nil, nil)
+
+	// A paused sandbox still counts (it holds its memory); a stopped one
+	// does not.
+	if code := s.do("POST", "/v1/sandboxes/"+made[0]+"/pause", key, nil, &sb); code != 200 {
+		t.Fatalf("pause: %d", code)
+	}
+	if code := s.do("POST", "/v1/sandboxes", key, map[string]any{}, &e); code != 429 {
+		t.Errorf("create with one running and one paused of 2: %d", code)
+	}
+	if code := s.do("DELETE", "/v1/sandboxes/"+made[0], key, nil, nil); code != 204 {
+		t.Fatalf("delete: %d", code)
+	}
+	if code := s.do("POST", "/v1/sandboxes", key, map[string]any{}, &sb); code != 201 {
+		t.Fatalf("create after a delete freed a place: %d", code)
+	}
+	made = []string{made[1], sb.ID}
+
+	// The memory limit: 1024 MiB held of 1536; 512 more fit, 1024 do not.
+	if code := s.do("PUT", path, s.key, map[string]int{"max_memory_mb": 1536}, &q); code != 200 || q.MaxSandboxes != 0 || q.MaxMemoryMB != 1536 {
+		t.Fatalf("memory quota: %d %+v", code, q)
+	}
+	if code := s.do("POST", "/v1/sandboxes", key, map[string]any{"memory_mb": 1024}, &e); code != 429 || !strings.Contains(e.Message, "MiB") {
+		t.Errorf("create past the memory quota: %d %+v", code, e)
+	}
+	if code := s.do("POST", "/v1/sandboxes", key, map[string]any{}, &sb); code != 201 {
+		t.Fatalf("create within the memory quota: %d", code)
+	}
+	made = append(made, sb.ID)
+
+	// Back to the server's default (no limit here).
+	if code := s.do("DELETE", path, s.key, nil, nil); code != 204 {
+		t.Fatalf("delete quota: %d", code)
+	}
+	if code := s.do("DELETE", path, s.key, nil, &e); code != 404 {
+		t.Errorf("delete a quota twice: %d", code)
+	}
+	if code := s.do("POST", "/v1/sandboxes", key, map[string]any{}, &sb); code != 201 {
+		t.Fatalf("create without a quota: %d", code)
+	}
+	made = append(made, sb.ID)
+	for _, id := range made {
+		s.do("DELETE", "/v1/sandboxes/"+id, key, nil, nil)
+	}
+}
+
+// TestHostReserve: below the host's memory reserve a server refuses new
+// sandboxes with a clear 503 and its pool does not boot more.
+func TestHostReserve(t *testing.T) {
+	// A reserve larger than any host: the server is "full" from the start.
+	s := startServer(t, "", "--reserve-memory-mb", "100000000", "--pool-size", "1")
+	defer s.stop(true)
+	var e apiError
+	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{}, &e); code != 503 || e.Error != "unavailable" || !strings.Contains(e.Message, "reserve") {
+		t.Fatalf("create below the reserve: %d %+v", code, e)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(s.logText(), "warm pool: not refilling") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not say it waits:\n%s", s.logText())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var list struct{ Sandboxes []sandboxView }
+	s.do("GET", "/v1/sandboxes?state=creating,running,paused,stopping,stopped,error", s.key, nil, &list)
+	if len(list.Sandboxes) != 0 {
+		t.Errorf("sandboxes after refused creates: %+v", list.Sandboxes)
+	}
+}

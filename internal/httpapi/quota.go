@@ -1,0 +1,128 @@
+package httpapi
+
+import (
+	"net/http"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
+)
+
+// Largest limits a quota may name (beyond them a limit means nothing on
+// one host, and a typo should not read as "unlimited").
+const (
+	maxQuotaSandboxes = 100000
+	maxQuotaMemoryMB  = 1 << 30
+)
+
+type quotaView struct {
+	Team         string        `json:"team"`
+	MaxSandboxes int           `json:"max_sandboxes"` // 0: no limit
+	MaxMemoryMB  int           `json:"max_memory_mb"` // 0: no limit
+	Source       string        `json:"source"`        // "team" (its own) or "default" (the server's)
+	Usage        teamUsageView `json:"usage"`
+}
+
+type teamUsageView struct {
+	Sandboxes int `json:"sandboxes"`
+	MemoryMB  int `json:"memory_mb"`
+}
+
+func viewQuota(v sandbox.QuotaView) quotaView {
+	src := "default"
+	if v.Own {
+		src = "team"
+	}
+	return quotaView{Team: v.Team, MaxSandboxes: v.Quota.MaxSandboxes, MaxMemoryMB: v.Quota.MaxMemoryMB, Source: src,
+		Usage: teamUsageView{Sandboxes: v.Usage.Sandboxes, MemoryMB: v.Usage.MemoryMB}}
+}
+
+// teamOf reads and checks the {team} path value.
+func teamOf(r *http.Request) (string, error) {
+	team := r.PathValue("team")
+	if !teamRE.MatchString(team) {
+		return "", errdefs.InvalidArgument("team: lowercase letters, digits, '.', '_', '-'")
+	}
+	return team, nil
+}
+
+func (a *API) getQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	team, err := teamOf(r)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	v, err := a.svc.QuotaOf(r.Context(), c, team)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewQuota(v))
+}
+
+func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	if err := requireAdmin(c); err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	team, err := teamOf(r)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	var req struct {
+		MaxSandboxes *int `json:"max_sandboxes"`
+		MaxMemoryMB  *int `json:"max_memory_mb"`
+	}
+	if err := decode(r, &req); err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	if req.MaxSandboxes == nil && req.MaxMemoryMB == nil {
+		a.writeError(w, r, errdefs.InvalidArgument("give max_sandboxes, max_memory_mb or both (0: no limit); DELETE returns the team to the server's default"))
+		return
+	}
+	var q store.Quota
+	for _, f := range []struct {
+		name string
+		v    *int
+		max  int
+		dst  *int
+	}{{"max_sandboxes", req.MaxSandboxes, maxQuotaSandboxes, &q.MaxSandboxes}, {"max_memory_mb", req.MaxMemoryMB, maxQuotaMemoryMB, &q.MaxMemoryMB}} {
+		if f.v == nil {
+			continue // a limit not given is no limit
+		}
+		if *f.v < 0 || *f.v > f.max {
+			a.writeError(w, r, errdefs.InvalidArgument("%s: between 0 (no limit) and %d", f.name, f.max))
+			return
+		}
+		*f.dst = *f.v
+	}
+	if err := a.cfg.Store.PutQuota(r.Context(), team, q); err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	v, err := a.svc.QuotaOf(r.Context(), c, team)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewQuota(v))
+}
+
+func (a *API) deleteQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	if err := requireAdmin(c); err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	team, err := teamOf(r)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	if err := a.cfg.Store.DeleteQuota(r.Context(), team); err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,126 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+func TestQuotaCRUD(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	if _, err := s.GetQuota(ctx, "t1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("GetQuota of a team without one: %v", err)
+	}
+	if err := s.PutQuota(ctx, "t1", Quota{MaxSandboxes: 3, MaxMemoryMB: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutQuota(ctx, "t1", Quota{MaxSandboxes: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if q, err := s.GetQuota(ctx, "t1"); err != nil || q != (Quota{MaxSandboxes: 4}) {
+		t.Fatalf("GetQuota = %+v, %v; want the replaced quota", q, err)
+	}
+	if err := s.PutQuota(ctx, "t1", Quota{MaxSandboxes: -1}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("negative limit: %v", err)
+	}
+	if err := s.DeleteQuota(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteQuota(ctx, "t1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("second delete: %v", err)
+	}
+}
+
+func TestQuotaCreate(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	q := Quota{MaxSandboxes: 2, MaxMemoryMB: 1536}
+	for i, state := range []string{"running", "paused"} {
+		if err := s.CreateSandboxWithin(ctx, newSandbox(fmt.Sprint("sb", i), "t1", state), q); err != nil {
+			t.Fatalf("create %d within the quota: %v", i, err)
+		}
+	}
+	err := s.CreateSandboxWithin(ctx, newSandbox("sb2", "t1", "creating"), q)
+	if !errors.Is(err, errdefs.ErrQuotaExceeded) {
+		t.Fatalf("third sandbox of a team allowed two: %v", err)
+	}
+	t.Logf("refused: %v", err)
+	// Other teams, stopped and pooled sandboxes do not count.
+	if err := s.CreateSandboxWithin(ctx, newSandbox("other", "t2", "running"), q); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.UpdateSandboxState(ctx, "sb1", []string{"paused"}, StateStopped, "killed"); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := s.TeamUsage(ctx, "t1"); err != nil || u != (Usage{Sandboxes: 1, MemoryMB: 512}) {
+		t.Fatalf("usage = %+v, %v", u, err)
+	}
+	// The memory limit: 512 held, 1536 allowed, 1024 more does not fit.
+	big := newSandbox("big", "t1", "creating")
+	big.MemoryMB = 1100
+	if err := s.CreateSandboxWithin(ctx, big, q); !errors.Is(err, errdefs.ErrQuotaExceeded) {
+		t.Fatalf("memory over the quota: %v", err)
+	}
+	big.MemoryMB = 1024
+	if err := s.CreateSandboxWithin(ctx, big, q); err != nil {
+		t.Fatalf("memory exactly at the quota: %v", err)
+	}
+	// An existing id is still a conflict, not a quota error.
+	if err := s.CreateSandboxWithin(ctx, newSandbox("other", "t2", "running"), q); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("duplicate id: %v", err)
+	}
+	if err := s.CheckQuota(ctx, "t1", 1, 0, q); !errors.Is(err, errdefs.ErrQuotaExceeded) {
+		t.Fatalf("CheckQuota at the limit: %v", err)
+	}
+	if err := s.CheckQuota(ctx, "t2", 2, 512, q); !errors.Is(err, errdefs.ErrQuotaExceeded) {
+		t.Fatalf("CheckQuota of two more with room for one: %v", err)
+	}
+	if err := s.CheckQuota(ctx, "t2", 1, 512, q); err != nil {
+		t.Fatalf("CheckQuota with room: %v", err)
+	}
+}
+
+// Concurrent creates and claims of one team never overshoot its quota.
+func TestQuotaRace(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	for i := range 10 {
+		if err := s.CreateSandbox(ctx, newSandbox(fmt.Sprint("pool", i), "-pool", "pooled")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := Quota{MaxSandboxes: 7}
+	var ok, refused atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			var err error
+			if i%2 == 0 {
+				sb := newSandbox(fmt.Sprint("pool", i/2), "t1", "running")
+				err = s.ClaimSandboxWithin(ctx, sb, q)
+			} else {
+				err = s.CreateSandboxWithin(ctx, newSandbox(fmt.Sprint("sb", i), "t1", "creating"), q)
+			}
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errors.Is(err, errdefs.ErrQuotaExceeded):
+				refused.Add(1)
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if ok.Load() != 7 || refused.Load() != 13 {
+		t.Fatalf("%d stored, %d refused; want 7 and 13", ok.Load(), refused.Load())
+	}
+	if u, _ := s.TeamUsage(ctx, "t1"); u.Sandboxes != 7 {
+		t.Fatalf("usage %+v", u)
+	}
+}
