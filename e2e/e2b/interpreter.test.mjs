@@ -73,6 +73,27 @@ test('code contexts: Python and JavaScript, isolated state, restart, remove', as
   }, base)
 })
 
+test('a cell whose client stopped waiting is interrupted; the context answers again', async () => {
+  await withSandbox(async (sbx) => {
+    await sbx.runCode('kept = "state"')
+    // It used to keep running: every later runCode in the context hung.
+    await assert.rejects(sbx.runCode('import time\nwhile True: time.sleep(0.01)', { timeoutMs: 1500 }), /timed out/)
+    const r = await sbx.runCode('kept')
+    assert.equal(r.text, "'state'")
+    assert.equal(r.error, undefined)
+
+    const js = await sbx.createCodeContext({ language: 'javascript' })
+    await sbx.runCode('globalThis.k = 7', { context: js })
+    await assert.rejects(sbx.runCode('while (true) {}', { context: js, timeoutMs: 1500 }), /timed out/)
+    assert.equal((await sbx.runCode('k * 6', { context: js })).text, '42')
+
+    // A cell that ignores SIGINT costs its kernel (state lost), not the context.
+    await assert.rejects(sbx.runCode('import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass', { timeoutMs: 1500 }), /timed out/)
+    assert.equal((await sbx.runCode('1 + 1')).text, '2')
+    assert.equal((await sbx.runCode('kept')).error.name, 'NameError')
+  }, base)
+})
+
 test('matplotlib chart comes back as PNG (code-interpreter-v1)', { timeout: 180000 }, async () => {
   await withSandbox(async (sbx) => {
     const r = await sbx.runCode([

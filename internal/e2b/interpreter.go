@@ -243,8 +243,6 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// The kernel keeps running if the client goes away mid-execution;
-	// this request only stops reading.
 	ctx := r.Context()
 	if c.pid == 0 {
 		if err := h.startKernel(ctx, t, c); err != nil {
@@ -271,7 +269,6 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err)
 		return
 	}
-	defer evs.Close()
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
@@ -286,18 +283,39 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		m, _ := json.Marshal(map[string]string{"type": kind, "text": text, "timestamp": time.Now().UTC().Format(time.RFC3339Nano)})
 		send(m)
 	}
+	done := c.read(evs, func(kind string, text string, msg json.RawMessage) {
+		if msg != nil {
+			send(msg)
+		} else {
+			sendText(kind, text)
+		}
+	})
+	evs.Close()
+	if !done && ctx.Err() == nil {
+		h.log.Warn("code interpreter: output ended before the execution did", "sandbox", t.id, "context", c.ID)
+	}
+	if !done && ctx.Err() != nil && c.pid != 0 {
+		// The client stopped waiting (its timeoutMs) with the cell still
+		// running: interrupt it, as Jupyter does, so that the context
+		// answers the next execution instead of staying busy for good.
+		h.interrupt(ctx, t, c)
+	}
+}
+
+// read passes one execution's output on to out (text with kind "stdout"
+// or "stderr", or a kernel message) until its end_of_execution or the
+// kernel's exit (then true), or until evs fails (the client went away:
+// false). c's read position follows.
+func (c *codeContext) read(evs sandbox.EventStream, out func(kind, text string, msg json.RawMessage)) bool {
 	for {
 		ev, err := evs.Next()
 		if err != nil {
-			if !errors.Is(err, io.EOF) && ctx.Err() == nil {
-				h.log.Warn("code interpreter events", "sandbox", t.id, "err", err)
-			}
-			return
+			return false
 		}
 		c.seq = ev.Seq + 1
 		switch ev.Type {
 		case agentproto.EventStderr:
-			sendText("stderr", string(ev.Data))
+			out("stderr", string(ev.Data), nil)
 		case agentproto.EventStdout:
 			c.part = append(c.part, ev.Data...)
 			for {
@@ -309,33 +327,64 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 				c.part = c.part[i+1:]
 				raw, msg, found := bytes.Cut(l, []byte{msgMark})
 				if !found {
-					sendText("stdout", string(l)+"\n")
+					out("stdout", string(l)+"\n", nil)
 					continue
 				}
-				sendText("stdout", string(raw))
+				out("stdout", string(raw), nil)
 				if !json.Valid(msg) {
 					continue
 				}
-				send(append(json.RawMessage(nil), msg...))
+				out("", "", append(json.RawMessage(nil), msg...))
 				var head struct {
 					Type string `json:"type"`
 				}
 				_ = json.Unmarshal(msg, &head)
 				if head.Type == "end_of_execution" {
-					return
+					return true
 				}
 			}
 		case agentproto.EventExit:
 			// The kernel died (os._exit, OOM, killed): report it; the next
 			// execution starts a fresh kernel.
 			c.pid = 0
-			sendText("stdout", string(c.part))
+			out("stdout", string(c.part), nil)
+			c.part = nil
 			m, _ := json.Marshal(map[string]string{"type": "error", "name": "KernelDied", "value": "the kernel exited; its state is lost", "traceback": ""})
-			send(m)
-			send(json.RawMessage(`{"type":"end_of_execution"}`))
+			out("", "", m)
+			out("", "", json.RawMessage(`{"type":"end_of_execution"}`))
+			return true
+		}
+	}
+}
+
+// interruptWait is how long an interrupted cell has to end before its
+// kernel is killed.
+const interruptWait = 5 * time.Second
+
+// interrupt sends SIGINT to a kernel whose execution nobody waits for any
+// more (Python raises KeyboardInterrupt in the cell, Node breaks the
+// script) and reads the rest of that execution, so the next one starts at
+// its own output. A cell that does not end within interruptWait (it
+// ignores SIGINT, or waits on a promise forever) costs the kernel: it is
+// killed and the next execution starts a fresh one. Called with c.mu held.
+func (h *Handler) interrupt(reqCtx context.Context, t envdTarget, c *codeContext) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(reqCtx), interruptWait)
+	defer cancel()
+	log := h.log.With("sandbox", t.id, "context", c.ID, "pid", c.pid)
+	if err := h.svc.Signal(ctx, t.caller, t.id, c.pid, "SIGINT"); err != nil {
+		log.Warn("code interpreter: interrupt", "err", err)
+	}
+	if evs, err := h.svc.Events(ctx, t.caller, t.id, c.pid, c.seq, true); err == nil {
+		done := c.read(evs, func(string, string, json.RawMessage) {})
+		evs.Close()
+		if done {
+			log.Info("code interpreter: execution interrupted after its client left")
 			return
 		}
 	}
+	log.Warn("code interpreter: the interrupted execution did not end; killing its kernel")
+	_ = h.svc.Signal(context.WithoutCancel(reqCtx), t.caller, t.id, c.pid, "SIGKILL")
+	c.pid, c.part = 0, nil
 }
 
 // logEnd is the seq after the last event a process's log holds.

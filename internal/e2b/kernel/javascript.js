@@ -29,7 +29,9 @@ async function run(req) {
   const saved = { ...process.env }
   Object.assign(process.env, req.env || {})
   try {
-    let v = vm.runInContext(req.code || '', ctx, { filename: '<cell>' })
+    // SIGINT (sent by the host when the client stopped waiting) breaks a
+    // running script; outside one it is ignored (below).
+    let v = vm.runInContext(req.code || '', ctx, { filename: '<cell>', breakOnSigint: true })
     if (v && typeof v.then === 'function') v = await v
     if (v !== undefined) emit({ type: 'result', text: typeof v === 'string' ? v : util.inspect(v), extra: {}, is_main_result: true })
   } catch (e) {
@@ -48,5 +50,6 @@ readline.createInterface({ input: process.stdin }).on('line', (line) => {
   try { req = JSON.parse(line) } catch { return }
   chain = chain.then(() => run(req))
 })
+process.on('SIGINT', () => {})
 process.on('uncaughtException', (e) => emit({ type: 'stderr', text: String((e && e.stack) || e) + '\n' }))
 process.on('unhandledRejection', (e) => emit({ type: 'stderr', text: String((e && e.stack) || e) + '\n' }))

@@ -3,7 +3,7 @@
 # Reads one JSON request per line on stdin ({"code", "env"}); writes each
 # message as "\x1e" + JSON + "\n" on stdout. Anything else on fd 1 (a
 # subprocess, os.write) is plain output the host passes on as stdout.
-import ast, base64, io, json, os, sys, threading, traceback
+import ast, base64, io, json, os, signal, sys, threading, traceback
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 _out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8", errors="replace")
@@ -113,7 +113,19 @@ def _run(code):
         _emit(dict(_formats(value), type="result", extra={}, is_main_result=True))
 
 
+# SIGINT interrupts the running cell (the host sends it when the client
+# stopped waiting); between cells it is ignored, so it cannot kill the kernel.
+_running = False
+
+
+def _sigint(signum, frame):
+    if _running:
+        raise KeyboardInterrupt
+
+
 def main():
+    global _running
+    signal.signal(signal.SIGINT, _sigint)
     sys.stdout, sys.stderr = _Stream("stdout"), _Stream("stderr")
     count = 0
     for line in sys.stdin:
@@ -126,11 +138,15 @@ def main():
         saved = dict(os.environ)
         os.environ.update(req.get("env") or {})
         try:
+            _running = True
             _run(req.get("code", ""))
+            _running = False
         except BaseException as e:  # SystemExit and KeyboardInterrupt too: the kernel lives on
+            _running = False
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
             _emit({"type": "error", "name": type(e).__name__, "value": str(e), "traceback": tb})
         finally:
+            _running = False
             os.environ.clear()
             os.environ.update(saved)
             _emit({"type": "end_of_execution"})
