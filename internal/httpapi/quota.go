@@ -52,6 +52,11 @@ func (a *API) getQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		a.writeError(w, r, err)
 		return
 	}
+	a.writeQuota(w, r, c, team)
+}
+
+// writeQuota answers with team's quota in force and its use.
+func (a *API) writeQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller, team string) {
 	v, err := a.svc.QuotaOf(r.Context(), c, team)
 	if err != nil {
 		a.writeError(w, r, err)
@@ -60,14 +65,23 @@ func (a *API) getQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 	writeJSON(w, http.StatusOK, viewQuota(v))
 }
 
-func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
-	if err := requireAdmin(c); err != nil {
-		a.writeError(w, r, err)
-		return
+// adminTeam checks an admin call on /v1/teams/{team}; false: answered.
+func (a *API) adminTeam(w http.ResponseWriter, r *http.Request, c sandbox.Caller) (string, bool) {
+	err := requireAdmin(c)
+	team := ""
+	if err == nil {
+		team, err = teamOf(r)
 	}
-	team, err := teamOf(r)
 	if err != nil {
 		a.writeError(w, r, err)
+		return "", false
+	}
+	return team, true
+}
+
+func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	team, ok := a.adminTeam(w, r, c)
+	if !ok {
 		return
 	}
 	var req struct {
@@ -102,22 +116,12 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		a.writeError(w, r, err)
 		return
 	}
-	v, err := a.svc.QuotaOf(r.Context(), c, team)
-	if err != nil {
-		a.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, viewQuota(v))
+	a.writeQuota(w, r, c, team)
 }
 
 func (a *API) deleteQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
-	if err := requireAdmin(c); err != nil {
-		a.writeError(w, r, err)
-		return
-	}
-	team, err := teamOf(r)
-	if err != nil {
-		a.writeError(w, r, err)
+	team, ok := a.adminTeam(w, r, c)
+	if !ok {
 		return
 	}
 	if err := a.cfg.Store.DeleteQuota(r.Context(), team); err != nil {

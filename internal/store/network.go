@@ -115,12 +115,6 @@ func (s *Store) GetSecretMeta(ctx context.Context, team, name string) (SecretMet
 
 // DeleteSecretMeta removes a team's secret. Errors: errdefs.ErrNotFound.
 func (s *Store) DeleteSecretMeta(ctx context.Context, team, name string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM secrets WHERE team = ? AND name = ?`, team, name)
-	if err != nil {
-		return fmt.Errorf("store: delete secret: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return errdefs.NotFound("secret %s not found", name)
-	}
-	return nil
+	return s.deleteOne(ctx, "secret", errdefs.NotFound("secret %s not found", name),
+		`DELETE FROM secrets WHERE team = ? AND name = ?`, team, name)
 }

@@ -123,12 +123,5 @@ func (s *Store) PutQuota(ctx context.Context, team string, q Quota) error {
 // DeleteQuota removes team's own quota (the server's default applies
 // again). Errors: errdefs.ErrNotFound.
 func (s *Store) DeleteQuota(ctx context.Context, team string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM team_quotas WHERE team = ?`, team)
-	if err != nil {
-		return fmt.Errorf("store: delete quota: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return errdefs.NotFound("team %s has no quota of its own", team)
-	}
-	return nil
+	return s.deleteOne(ctx, "quota", errdefs.NotFound("team %s has no quota of its own", team), `DELETE FROM team_quotas WHERE team = ?`, team)
 }

@@ -301,14 +301,7 @@ func (s *Store) updateSandbox(ctx context.Context, id, set string, arg any) erro
 // DeleteSandbox removes sandbox id and its process records.
 // Errors: errdefs.ErrNotFound.
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
-	if err != nil {
-		return fmt.Errorf("store: delete sandbox: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return errdefs.NotFound("sandbox %s not found", id)
-	}
-	return nil
+	return s.deleteOne(ctx, "sandbox", errdefs.NotFound("sandbox %s not found", id), `DELETE FROM sandboxes WHERE id = ?`, id)
 }
 
 // ListExpired returns the sandboxes, of every team, whose expiry is set and

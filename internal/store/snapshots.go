@@ -115,12 +115,5 @@ func (s *Store) ListSnapshots(ctx context.Context, sandboxID, status string) ([]
 
 // DeleteSnapshot removes a snapshot record. Errors: errdefs.ErrNotFound.
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
-	if err != nil {
-		return fmt.Errorf("store: delete snapshot: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return errdefs.NotFound("snapshot %s not found", id)
-	}
-	return nil
+	return s.deleteOne(ctx, "snapshot", errdefs.NotFound("snapshot %s not found", id), `DELETE FROM snapshots WHERE id = ?`, id)
 }

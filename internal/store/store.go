@@ -116,6 +116,18 @@ func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 // classify turns driver errors into errdefs classes: constraint violations
 // on unique keys become ErrConflict, foreign-key violations ErrNotFound.
 // what names the record for the message ("sandbox sb-1").
+// deleteOne runs a DELETE that should remove one row; none is notFound.
+func (s *Store) deleteOne(ctx context.Context, what string, notFound error, query string, args ...any) error {
+	res, err := s.w.ExecContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("store: delete %s: %w", what, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return notFound
+	}
+	return nil
+}
+
 func classify(err error, what string) error {
 	if err == nil {
 		return nil

@@ -105,12 +105,5 @@ func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
 // DeleteTemplate removes the template record name (not its files).
 // Errors: errdefs.ErrNotFound.
 func (s *Store) DeleteTemplate(ctx context.Context, name string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM templates WHERE name = ?`, name)
-	if err != nil {
-		return fmt.Errorf("store: delete template: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return errdefs.NotFound("template %s not found", name)
-	}
-	return nil
+	return s.deleteOne(ctx, "template", errdefs.NotFound("template %s not found", name), `DELETE FROM templates WHERE name = ?`, name)
 }
