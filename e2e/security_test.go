@@ -466,4 +466,37 @@ func TestForkBomb(t *testing.T) {
 		s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "ps -u user --no-headers | wc -l", "user": "root"}, &r)
 		return strings.TrimSpace(r.Stdout) == "0"
 	})
+
+	// Root at its task limit (the agent forks as root, so every command
+	// counts there first): a command finds no room, a 503 that says why (it
+	// was a 500 "internal error"); the agent lives on, and commands run
+	// again once the processes are killed.
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "for i in $(seq 400); do sleep 600 & done; wait", "background": true, "user": "root"}, &bg); code != 202 {
+		t.Fatalf("fill root's task limit: %d", code)
+	}
+	waitFor(t, "root's tasks to reach the limit", 60*time.Second, func() bool {
+		var out struct {
+			apiError
+			ExitCode int `json:"exit_code"`
+		}
+		switch code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"true"}, "user": "root"}, &out); code {
+		case 200:
+			return false
+		case 503:
+			if out.Error != "unavailable" || !strings.Contains(out.Message, "processes") {
+				t.Fatalf("exec at the task limit: %+v", out)
+			}
+			return true
+		default:
+			t.Fatalf("exec at the task limit: %d %+v", code, out)
+		}
+		return false
+	})
+	if code := s.do("POST", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/signal", id, bg.PID), s.key, map[string]string{"signal": "SIGKILL"}, nil); code != 204 {
+		t.Fatalf("kill the filler: %d", code)
+	}
+	waitFor(t, "commands to run again", 30*time.Second, func() bool {
+		var r execResult
+		return s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "echo alive"}, &r) == 200 && r.Stdout == "alive\n"
+	})
 }

@@ -78,6 +78,10 @@ func classOf(err error) error {
 		return errdefs.ErrInvalidArgument
 	case errors.As(err, &errno) && (errno == unix.ENOSPC || errno == unix.EDQUOT || errno == unix.EFBIG):
 		return errdefs.ErrTooLarge
+	case errors.As(err, &errno) && (errno == unix.EAGAIN || errno == unix.ENOMEM || errno == unix.EMFILE || errno == unix.ENFILE):
+		// Out of processes, memory or files in the sandbox: the caller
+		// may retry once something ended.
+		return errdefs.ErrUnavailable
 	}
 	return errdefs.ErrInternal
 }

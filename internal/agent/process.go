@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"slices"
@@ -189,7 +190,12 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 	childEnds = nil
 	if err != nil {
 		fail()
-		return nil, nil, errdefs.Newf(classOf(err), "start %s: %v", argv[0], unwrapPathErr(err))
+		msg := fmt.Sprintf("start %s: %v", argv[0], unwrapPathErr(err))
+		if errors.Is(err, unix.EAGAIN) {
+			msg += " (the sandbox runs as many processes and threads as its user may: " +
+				"its memory sets the limit; retry when some have ended)"
+		}
+		return nil, nil, errdefs.Newf(classOf(err), "%s", msg)
 	}
 
 	p.pid = pid
