@@ -94,6 +94,27 @@ test('a cell whose client stopped waiting is interrupted; the context answers ag
   }, base)
 })
 
+test('bash: state across cells, stdout and stderr, exit status, envs, interrupt', async () => {
+  await withSandbox(async (sbx) => {
+    const bash = { language: 'bash' }
+    const r1 = await sbx.runCode('cd /tmp && X=41 && echo "in $(pwd)"', bash)
+    assert.equal(r1.logs.stdout.join(''), 'in /tmp\n')
+    assert.equal(r1.error, undefined)
+    const r2 = await sbx.runCode('echo $((X + 1)); pwd; echo oops >&2', bash)
+    assert.equal(r2.logs.stdout.join(''), '42\n/tmp\n')
+    assert.equal(r2.logs.stderr.join(''), 'oops\n')
+    const bad = await sbx.runCode('ls /nonexistent', bash)
+    assert.equal(bad.error.name, 'ExitCode')
+    assert.equal(bad.error.value, '2')
+    assert.match(bad.logs.stderr.join(''), /nonexistent/)
+    const env = await sbx.runCode('echo "$ONLY_HERE"', { ...bash, envs: { ONLY_HERE: 'yes' } })
+    assert.equal(env.logs.stdout.join(''), 'yes\n')
+    assert.equal((await sbx.runCode('echo "[$ONLY_HERE]"', bash)).logs.stdout.join(''), '[]\n')
+    await assert.rejects(sbx.runCode('while true; do sleep 1; done', { ...bash, timeoutMs: 1500 }), /timed out/)
+    assert.equal((await sbx.runCode('echo $X', bash)).logs.stdout.join(''), '41\n')
+  }, base)
+})
+
 test('matplotlib chart comes back as PNG (code-interpreter-v1)', { timeout: 180000 }, async () => {
   await withSandbox(async (sbx) => {
     const r = await sbx.runCode([

@@ -32,6 +32,9 @@ var pythonKernel []byte
 //go:embed kernel/javascript.js
 var javascriptKernel []byte
 
+//go:embed kernel/bash.py
+var bashKernel []byte
+
 // kernelDir is where the kernels are written in a sandbox.
 const kernelDir = "/tmp/.space-e2b"
 
@@ -160,8 +163,10 @@ func normLanguage(l string) (string, error) {
 		return "python", nil
 	case "javascript", "js", "node", "typescript", "ts":
 		return "javascript", nil
+	case "bash", "sh", "shell":
+		return "bash", nil
 	}
-	return "", errdefs.InvalidArgument("language %q is not supported (python, javascript)", l)
+	return "", errdefs.InvalidArgument("language %q is not supported (python, javascript, bash)", l)
 }
 
 // contextFor returns the context with id cid, or the default context of
@@ -195,8 +200,11 @@ func (h *Handler) contextFor(ctx context.Context, t envdTarget, cid, language st
 // start runs the context's kernel (c.mu held).
 func (h *Handler) startKernel(ctx context.Context, t envdTarget, c *codeContext) error {
 	file, src, argv := kernelDir+"/python.py", pythonKernel, []string{"python3", "-u", kernelDir + "/python.py"}
-	if c.Language == "javascript" {
+	switch c.Language {
+	case "javascript":
 		file, src, argv = kernelDir+"/javascript.js", javascriptKernel, []string{"node", kernelDir + "/javascript.js"}
+	case "bash":
+		file, src, argv = kernelDir+"/bash.py", bashKernel, []string{"python3", "-u", kernelDir + "/bash.py"}
 	}
 	if _, err := h.svc.WriteFile(ctx, t.caller, t.id, file, bytes.NewReader(src)); err != nil {
 		return err
