@@ -4,11 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -498,5 +502,65 @@ func TestForkBomb(t *testing.T) {
 	waitFor(t, "commands to run again", 30*time.Second, func() bool {
 		var r execResult
 		return s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "echo alive"}, &r) == 200 && r.Stdout == "alive\n"
+	})
+}
+
+// TestAbandonedStreams: clients that open event streams of a chatty
+// process and go away without reading leave nothing behind in the server
+// (each held a goroutine, its agent stream and up to 4 MiB of output for
+// good: 120 of them grew the heap by 577 MB).
+func TestAbandonedStreams(t *testing.T) {
+	// A server of its own without a pool: its goroutine count moves only
+	// with the streams.
+	s := startServer(t, "", "--pool-size", "-1")
+	defer s.stop(true)
+	id := s.create(nil)
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	var bg struct{ PID int }
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "while :; do head -c 200000 /dev/zero | tr '\\0' x; echo; sleep 0.02; done", "background": true}, &bg); code != 202 {
+		t.Fatalf("start: %d", code)
+	}
+	goroutines := func() int {
+		resp, err := http.Get(s.url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		m := regexp.MustCompile(`(?m)^go_goroutines (\d+)`).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("no go_goroutines in /metrics")
+		}
+		n, _ := strconv.Atoi(string(m[1]))
+		return n
+	}
+	var r execResult
+	s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "true"}, &r) // the agent session is up
+	before := goroutines()
+	host := strings.TrimPrefix(s.url, "http://")
+	var conns []net.Conn
+	for range 20 {
+		// A small receive buffer set before connecting (so the window is
+		// small): the server's writes block soon.
+		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+			return rc.Control(func(fd uintptr) {
+				_ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+			})
+		}}
+		c, err := d.Dial("tcp", host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "GET /v1/sandboxes/%s/processes/%d/events HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", id, bg.PID, host, s.key)
+		conns = append(conns, c)
+	}
+	time.Sleep(3 * time.Second) // the streams fill up: nobody reads
+	for _, c := range conns {
+		c.Close()
+	}
+	waitFor(t, "the server to let go of the streams", 30*time.Second, func() bool {
+		n := goroutines()
+		t.Logf("goroutines: %d before, %d now", before, n)
+		return n <= before+5
 	})
 }

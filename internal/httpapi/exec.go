@@ -299,11 +299,19 @@ func (a *API) writeSSE(w http.ResponseWriter, r *http.Request, ev sandbox.EventS
 		err error
 	}
 	ch := make(chan item, 64)
+	// done releases the reader when this writer returns (the client left):
+	// it held the agent stream and up to its window of output otherwise.
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
 		defer close(ch)
 		for {
 			e, err := ev.Next()
-			ch <- item{e, err}
+			select {
+			case ch <- item{e, err}:
+			case <-done:
+				return
+			}
 			if err != nil {
 				return
 			}
