@@ -29,6 +29,7 @@ const (
 	ReasonNestedConnect = "nested_connect"   // CONNECT inside a tunnel
 	ReasonLeak          = "placeholder_leak" // a secret placeholder sent where it may not go
 	ReasonProtocol      = "protocol"         // malformed request or wrong protocol for the port
+	ReasonEncoded       = "encoded_response" // a secret's host answered in an encoding the proxy cannot scrub
 )
 
 // Record is one audited connection attempt or request. It never holds a

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -87,9 +88,37 @@ func (u *upstream) handler() http.Handler {
 		u.mu.Lock()
 		u.seen = append(u.seen, line+" headers="+fmt.Sprint(r.Header))
 		u.mu.Unlock()
-		if n, err := strconv.Atoi(r.URL.Query().Get("size")); err == nil {
+		q := r.URL.Query()
+		if n, err := strconv.Atoi(q.Get("size")); err == nil {
 			w.Header().Set("Content-Length", strconv.Itoa(n))
 			_, _ = io.CopyN(w, zeros{}, int64(n))
+			return
+		}
+		// Services that send back what they were given: a redirect
+		// keeping the query, an echo in a header, an encoded or repeated
+		// echo in the body.
+		w.Header().Set("X-Echo-Auth", r.Header.Get("Authorization"))
+		if q.Get("redirect") != "" {
+			http.Redirect(w, r, "/elsewhere?"+r.URL.RawQuery, http.StatusMovedPermanently)
+			return
+		}
+		if n, err := strconv.Atoi(q.Get("repeat")); err == nil {
+			w.Header().Set("Content-Length", strconv.Itoa(n*(len(line)+1)))
+			for range n {
+				fmt.Fprintln(w, line)
+			}
+			return
+		}
+		switch q.Get("encoding") {
+		case "gzip":
+			w.Header().Set("Content-Encoding", "gzip")
+			zw := gzip.NewWriter(w)
+			fmt.Fprint(zw, line)
+			zw.Close()
+			return
+		case "br":
+			w.Header().Set("Content-Encoding", "br")
+			fmt.Fprint(w, "not really brotli: "+line)
 			return
 		}
 		fmt.Fprint(w, line)

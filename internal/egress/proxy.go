@@ -589,7 +589,7 @@ func (s *session) plain(ctx context.Context, req *http.Request, hostHdr string) 
 	rec.IP = s.upIP.String()
 	req.Host = u.Host
 	u0, d0 := s.up.up.Load(), s.up.down.Load()
-	closeAfter, upgraded, err := roundTrip(req, s.c, s.up, s.upbr)
+	closeAfter, upgraded, err := roundTrip(req, s.c, s.up, s.upbr, nil) // plain HTTP: secrets go only over TLS
 	rec.BytesUp, rec.BytesDown = s.up.up.Load()-u0, s.up.down.Load()-d0
 	if upgraded {
 		pipe(s.c, s.br, s.up, s.upbr)

@@ -10,9 +10,11 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 )
 
@@ -307,12 +309,14 @@ func TestSecretInjection(t *testing.T) {
 	c := e.client(true)
 	base := fmt.Sprintf("https://secret.test:%d", e.tlsPort)
 
+	// The upstream gets the value; its echo comes back scrubbed (the
+	// placeholder where the value was: TestSecretReflection).
 	code, body, err := e.get(t, c, base+"/user", "Authorization", "Bearer "+phTok)
-	if err != nil || code != 200 || !strings.Contains(body, "auth=Bearer "+value+" ") {
+	if err != nil || code != 200 || !strings.Contains(body, "auth=Bearer "+phTok+" ") || !strings.Contains(e.up.all(), "auth=Bearer "+value+" ") {
 		t.Fatalf("bearer injection: %d %q %v", code, body, err)
 	}
 	code, body, _ = e.get(t, c, base+"/user", "Authorization", phTok) // bare placeholder gets the format
-	if code != 200 || !strings.Contains(body, "auth=Bearer "+value+" ") {
+	if code != 200 || !strings.Contains(body, "auth=Bearer "+phTok+" ") || strings.Count(e.up.all(), "auth=Bearer "+value+" ") != 2 {
 		t.Errorf("format injection: %d %q", code, body)
 	}
 	req, _ := http.NewRequest("GET", base+"/repo.git/info/refs", nil)
@@ -324,11 +328,11 @@ func TestSecretInjection(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	want := "auth=Basic " + basicB64("x-access-token", value+"-basic")
-	if !strings.Contains(string(b), want+" ") {
+	if !strings.Contains(e.up.all(), want+" ") || !strings.Contains(string(b), "auth=Basic "+basicB64("x-access-token", phBasic)+" ") {
 		t.Errorf("basic injection: %q want %q", b, want)
 	}
 	code, body, _ = e.get(t, c, base+"/q?a=1&key="+phQuery)
-	if code != 200 || !strings.Contains(body, "query=a=1&key=s3cr3t-VALUE-9f8e7d%26q ") {
+	if code != 200 || !strings.Contains(e.up.all(), "query=a=1&key=s3cr3t-VALUE-9f8e7d%26q ") || !strings.Contains(body, "query=a=1&key="+phQuery+" ") {
 		t.Errorf("query injection: %d %q", code, body)
 	}
 	// Chunked request body through the interception, on the same tunnel.
@@ -550,7 +554,7 @@ func TestSlowTLSClientStillIntercepted(t *testing.T) {
 	}
 	fmt.Fprintf(tc, "GET /slow HTTP/1.1\r\nHost: %s\r\nAuthorization: %s\r\nConnection: close\r\n\r\n", target, ph)
 	b, _ := io.ReadAll(tc)
-	if !strings.Contains(string(b), "auth="+value+" ") {
+	if !strings.Contains(e.up.all(), "auth="+value+" ") || !strings.Contains(string(b), "auth="+ph+" ") {
 		t.Errorf("secret not injected through a slow client's tunnel: %q", b)
 	}
 }
@@ -598,4 +602,114 @@ func TestServerSpeaksFirstRelayedRaw(t *testing.T) {
 			t.Fatalf("secrets=%v: echo %q %v", secrets, l, err)
 		}
 	}
+}
+
+// TestSecretReflection: a host holding a secret that sends it back (a
+// redirect keeping the query, a header or body echo, gzip, a long body with
+// the value across read boundaries) gives the sandbox only the
+// placeholder; a body the proxy cannot read is refused, not passed on.
+func TestSecretReflection(t *testing.T) {
+	e := newEnv(t)
+	e.allow(t, fmt.Sprintf("secret.test:%d", e.tlsPort), "")
+	const value = "QSECRET_A_456-reflected"
+	phTok, phQuery := NewPlaceholder(), NewPlaceholder()
+	if err := e.p.BindSecrets(testSandbox, map[string]Secret{
+		phTok:   {Name: "TOK", Value: []byte(value), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}},
+		phQuery: {Name: "QTOK", Value: []byte(value + "/q"), Hosts: []string{"secret.test"}, Inject: Injection{QueryParam: "key"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.client(true)
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	base := fmt.Sprintf("https://secret.test:%d", e.tlsPort)
+	do := func(path string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", base+path, nil)
+		req.Header.Set("Authorization", "Bearer "+phTok)
+		req.Header.Set("Accept-Encoding", "gzip") // asked for; the proxy asks upstream for identity
+		resp, err := c.Transport.RoundTrip(req)   // no transparent decompression
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	leaked := func(what, s string) {
+		t.Helper()
+		if strings.Contains(s, "QSECRET") || strings.Contains(s, url.QueryEscape(value+"/q")) {
+			t.Errorf("%s carries the secret: %q", what, s)
+		}
+	}
+	resp, body := do("/r?redirect=1&key=" + phQuery)
+	loc := resp.Header.Get("Location")
+	if resp.StatusCode != 301 || !strings.Contains(loc, "key="+phQuery) {
+		t.Errorf("redirect: %d Location %q", resp.StatusCode, loc)
+	}
+	leaked("Location", loc)
+	leaked("redirect body", body)
+	if got := resp.Header.Get("X-Echo-Auth"); got != "Bearer "+phTok {
+		t.Errorf("echoed header %q", got)
+	}
+	_, body = do("/plain")
+	if !strings.Contains(body, "auth=Bearer "+phTok+" ") {
+		t.Errorf("echoed body %q", body)
+	}
+	leaked("body", body)
+	resp, body = do("/z?encoding=gzip")
+	if resp.Header.Get("Content-Encoding") != "" || !strings.Contains(body, "auth=Bearer "+phTok+" ") {
+		t.Errorf("gzip echo: %v %q", resp.Header, body)
+	}
+	leaked("gzip body", body)
+	// 5,000 echoes (~1 MB) with its Content-Length: every copy scrubbed,
+	// however the reads cut it, and the body re-framed.
+	resp, body = do("/long?repeat=5000")
+	if n := strings.Count(body, "auth=Bearer "+phTok+" "); n != 5000 || resp.ContentLength != -1 {
+		t.Errorf("long echo: %d scrubbed copies of 5000, length %d", n, resp.ContentLength)
+	}
+	leaked("long body", body)
+	resp, body = do("/b?encoding=br")
+	if resp.StatusCode != 502 || resp.Header.Get("X-Space-Egress") != ReasonEncoded {
+		t.Errorf("an encoding the proxy cannot read: %d %q", resp.StatusCode, body)
+	}
+	leaked("refused body", body)
+	if !strings.Contains(e.up.all(), "auth=Bearer "+value+" ") {
+		t.Errorf("the upstream did not get the value:\n%s", e.up.all())
+	}
+	e.waitFor(t, func(r Record) bool { return r.Reason == ReasonEncoded })
+}
+
+func TestScrubReaderBoundaries(t *testing.T) {
+	sc := &scrubber{}
+	for _, n := range []string{"needle-long-one", "needle", "edle-lo"} {
+		sc.needles = append(sc.needles, []byte(n))
+		sc.repl = append(sc.repl, []byte("<"+strings.ToUpper(n[:2])+">"))
+		sc.max = max(sc.max, len(n))
+	}
+	in := strings.Repeat("xx needle-long-one yy needle zz needl", 50) + "e"
+	want := string(sc.replace([]byte(in)))
+	for _, step := range []int{1, 2, 3, 5, 7, 16, 1000} {
+		r := &scrubReader{sc: sc, r: iotest.OneByteReader(strings.NewReader(in)), c: io.NopCloser(nil)}
+		if step > 1 {
+			r.r = &stepReader{s: in, n: step}
+		}
+		got, err := io.ReadAll(r)
+		if err != nil || string(got) != want {
+			t.Fatalf("reads of %d: %v\n got %q\nwant %q", step, err, got, want)
+		}
+	}
+}
+
+type stepReader struct {
+	s string
+	n int
+}
+
+func (r *stepReader) Read(p []byte) (int, error) {
+	if r.s == "" {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), r.n)], r.s)
+	r.s = r.s[n:]
+	return n, nil
 }

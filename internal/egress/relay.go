@@ -377,8 +377,17 @@ func (s *session) relay(tun *Record, cw net.Conn, br *bufio.Reader, up net.Conn,
 		for _, n := range names {
 			used[n] = true
 		}
+		var sc *scrubber
+		if intercepted {
+			sc = newScrubber(state.secrets, rec.Host)
+		}
 		u0, d0 := cnt.up.Load(), cnt.down.Load()
-		closeAfter, upgraded, err := roundTrip(req, cw, up, upbr)
+		closeAfter, upgraded, err := roundTrip(req, cw, up, upbr, sc)
+		if errors.Is(err, errEncoded) {
+			rec.BytesUp, rec.BytesDown = cnt.up.Load()-u0, cnt.down.Load()-d0
+			refuse(http.StatusBadGateway, ReasonEncoded, "the response of a host holding a secret must not be encoded (only gzip is read)")
+			return
+		}
 		if upgraded {
 			pipe(cw, br, up, upbr)
 		}
@@ -390,8 +399,10 @@ func (s *session) relay(tun *Record, cw net.Conn, br *bufio.Reader, up net.Conn,
 	}
 }
 
-// roundTrip forwards one request and its response.
-func roundTrip(req *http.Request, cw io.Writer, up io.Writer, upbr *bufio.Reader) (closeAfter, upgraded bool, err error) {
+// roundTrip forwards one request and its response; sc, when set, scrubs
+// the response of the secrets its host holds (errEncoded: nothing was
+// written to cw, the caller answers).
+func roundTrip(req *http.Request, cw io.Writer, up io.Writer, upbr *bufio.Reader, sc *scrubber) (closeAfter, upgraded bool, err error) {
 	h := req.Header
 	h.Del("Proxy-Authorization")
 	h.Del("Proxy-Connection")
@@ -407,6 +418,9 @@ func roundTrip(req *http.Request, cw io.Writer, up io.Writer, upbr *bufio.Reader
 			return true, false, err
 		}
 	}
+	if sc != nil {
+		sc.prepare(req)
+	}
 	if err := req.Write(up); err != nil {
 		return true, false, err
 	}
@@ -414,6 +428,12 @@ func roundTrip(req *http.Request, cw io.Writer, up io.Writer, upbr *bufio.Reader
 		resp, err := http.ReadResponse(upbr, req)
 		if err != nil {
 			return true, false, err
+		}
+		if sc != nil {
+			if err := sc.response(req, resp); err != nil {
+				resp.Body.Close()
+				return true, false, err
+			}
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			err := resp.Write(cw)

@@ -1,0 +1,181 @@
+package egress
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// A host that is given a secret can send it back: a redirect that keeps
+// the query string, an endpoint that echoes the request's headers, a
+// "whoami" that returns the token. In an intercepted tunnel to such a host
+// every response is scrubbed: each form of a secret's value the response
+// could carry (as is, URL-escaped, inside the basic-auth credential) is
+// replaced by the secret's placeholder, in header values and in the body,
+// before the sandbox reads it. A body the proxy cannot read (an encoding
+// other than gzip) is refused rather than passed on unread.
+
+// scrubber replaces the values of the secrets bound for one host.
+type scrubber struct {
+	needles [][]byte // longest first
+	repl    [][]byte
+	max     int // longest needle
+}
+
+// newScrubber returns the scrubber for the secrets bound to host, or nil
+// when none is.
+func newScrubber(secrets []*boundSecret, host string) *scrubber {
+	var sc scrubber
+	seen := map[string]bool{}
+	add := func(needle, ph string) {
+		if len(needle) < 4 || seen[needle] { // a value that short is not a secret worth matching
+			return
+		}
+		seen[needle] = true
+		sc.needles = append(sc.needles, []byte(needle))
+		sc.repl = append(sc.repl, []byte(ph))
+		sc.max = max(sc.max, len(needle))
+	}
+	for _, b := range secrets {
+		if !b.matchHost(host) {
+			continue
+		}
+		v := string(b.secret.Value)
+		add(v, b.placeholder)
+		add(url.QueryEscape(v), b.placeholder)
+		add(url.PathEscape(v), b.placeholder)
+		if ba := b.secret.Inject.BasicAuth; ba != nil {
+			add(base64.StdEncoding.EncodeToString([]byte(ba.User+":"+v)), base64.StdEncoding.EncodeToString([]byte(ba.User+":"+b.placeholder)))
+		}
+		if f := b.secret.Inject.Format; f != "" {
+			add(strings.ReplaceAll(f, "{value}", v), strings.ReplaceAll(f, "{value}", b.placeholder))
+		}
+	}
+	if len(sc.needles) == 0 {
+		return nil
+	}
+	// Longest first, so a formatted value is replaced whole before the bare
+	// value inside it.
+	for i := 1; i < len(sc.needles); i++ {
+		for j := i; j > 0 && len(sc.needles[j]) > len(sc.needles[j-1]); j-- {
+			sc.needles[j], sc.needles[j-1] = sc.needles[j-1], sc.needles[j]
+			sc.repl[j], sc.repl[j-1] = sc.repl[j-1], sc.repl[j]
+		}
+	}
+	return &sc
+}
+
+// prepare asks the upstream for a body the scrubber can read.
+func (sc *scrubber) prepare(req *http.Request) {
+	req.Header.Set("Accept-Encoding", "identity")
+}
+
+// errEncoded refuses a response body in an encoding the scrubber cannot
+// read.
+var errEncoded = errors.New("response body in an encoding the proxy cannot inspect")
+
+// response scrubs resp's header values and wraps its body. A body in an
+// encoding other than gzip is errEncoded.
+func (sc *scrubber) response(req *http.Request, resp *http.Response) error {
+	for k, vs := range resp.Header {
+		for i, v := range vs {
+			resp.Header[k][i] = string(sc.replace([]byte(v)))
+		}
+	}
+	if resp.StatusCode < 200 || resp.Body == nil || resp.Body == http.NoBody || req.Method == http.MethodHead ||
+		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified {
+		return nil
+	}
+	body := io.Reader(resp.Body)
+	switch enc := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding"))); enc {
+	case "", "identity":
+	case "gzip", "x-gzip":
+		zr, err := gzip.NewReader(resp.Body)
+		if err != nil {
+			return errEncoded
+		}
+		body = zr
+		resp.Header.Del("Content-Encoding")
+	default:
+		return errEncoded
+	}
+	// The length can change: the body goes chunked (or until close).
+	resp.ContentLength = -1
+	resp.Header.Del("Content-Length")
+	if req.ProtoAtLeast(1, 1) {
+		resp.TransferEncoding = []string{"chunked"}
+	} else {
+		resp.TransferEncoding = nil
+		resp.Close = true
+	}
+	resp.Body = &scrubReader{sc: sc, r: body, c: resp.Body}
+	return nil
+}
+
+// replace returns b with every needle replaced.
+func (sc *scrubber) replace(b []byte) []byte {
+	for i, n := range sc.needles {
+		if bytes.Contains(b, n) {
+			b = bytes.ReplaceAll(b, n, sc.repl[i])
+		}
+	}
+	return b
+}
+
+// scrubReader is a body with the needles replaced as it streams: it keeps
+// back the last max-1 bytes of what it read (they may begin a needle the
+// next read completes).
+type scrubReader struct {
+	sc   *scrubber
+	r    io.Reader
+	c    io.Closer
+	in   []byte // read, not yet scrubbed and passed on
+	out  []byte // scrubbed, not yet returned
+	eof  bool
+	rerr error
+}
+
+func (s *scrubReader) Read(p []byte) (int, error) {
+	for len(s.out) == 0 {
+		if s.eof {
+			return 0, s.rerr
+		}
+		buf := make([]byte, 32<<10)
+		n, err := s.r.Read(buf)
+		s.in = append(s.in, buf[:n]...)
+		if err != nil {
+			s.eof = true
+			s.rerr = err
+			s.out = s.sc.replace(s.in)
+			s.in = nil
+			continue
+		}
+		// Pass on all but a tail that could be the start of a needle;
+		// needles wholly inside the part passed on are replaced.
+		keep := min(len(s.in), s.sc.max-1)
+		cut := len(s.in) - keep
+		// A needle crossing the cut is left whole in the tail (moving the
+		// cut back can make another cross it: until none does).
+		for moved := true; moved; {
+			moved = false
+			for _, nd := range s.sc.needles {
+				from := max(0, cut-len(nd)+1)
+				if i := bytes.Index(s.in[from:], nd); i >= 0 && from+i < cut && from+i+len(nd) > cut {
+					cut, moved = from+i, true
+				}
+			}
+		}
+		s.out = s.sc.replace(append([]byte(nil), s.in[:cut]...))
+		s.in = append(s.in[:0:0], s.in[cut:]...)
+	}
+	n := copy(p, s.out)
+	s.out = s.out[n:]
+	return n, nil
+}
+
+func (s *scrubReader) Close() error { return s.c.Close() }
