@@ -562,3 +562,41 @@ func TestExecAcrossCheckpoint(t *testing.T) {
 		t.Fatal("exec did not finish")
 	}
 }
+
+// TestRestoreThroughLink: the sandbox's own code (as user) replaces a
+// directory of a snapshot with a link to /etc; a restore (the agent writes
+// as root) must not write through it. It did: the file landed in /etc and
+// the link stayed.
+func TestRestoreThroughLink(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	if r := s.sh(id, "mkdir ~/d && echo PAYLOAD > ~/d/space-restore-canary"); r.ExitCode != 0 {
+		t.Fatalf("prepare: %+v", r)
+	}
+	snap := s.snapshot(id, "files", "")
+	if r := s.sh(id, "rm -rf ~/d && ln -s /etc ~/d && ls -ld ~/d"); r.ExitCode != 0 {
+		t.Fatalf("plant the link: %+v", r)
+	}
+	// One file under the link: refused, nothing written.
+	var e apiError
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/restore", s.key, map[string]any{"snapshot": snap.ID, "paths": []string{"/home/user/d/space-restore-canary"}}, &e); code != 400 || !strings.Contains(e.Message, "symbolic link") {
+		t.Errorf("restore of a file under a link: %d %+v", code, e)
+	}
+	canary := func() string {
+		var r execResult
+		s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "test -e /etc/space-restore-canary && echo WRITTEN-IN-ETC; stat -c '%F %U' /home/user/d; cat /home/user/d/space-restore-canary", "user": "root"}, &r)
+		return r.Stdout
+	}
+	if got := canary(); strings.Contains(got, "WRITTEN-IN-ETC") {
+		t.Fatalf("a restore wrote through the link: %q", got)
+	}
+	// The whole home directory: the link is replaced by the directory.
+	var res struct{ Written, Removed []string }
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/restore", s.key, map[string]any{"snapshot": snap.ID, "paths": []string{"/home/user"}}, &res); code != 200 {
+		t.Fatalf("restore: %d %+v", code, res)
+	}
+	if got := canary(); got != "directory user\nPAYLOAD\n" {
+		t.Errorf("after the restore: %q (written %v)", got, res.Written)
+	}
+}

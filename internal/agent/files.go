@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -191,8 +193,24 @@ func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		mode = os.FileMode(m)
-	} else if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
-		mode = fi.Mode().Perm() // overwriting keeps the mode
+	}
+	if q.Get("nofollow") == "1" {
+		if err := writeNoFollow(path, r.Body, acct, mode, q.Get("mode") == ""); err != nil {
+			writeError(w, err)
+			return
+		}
+		info, err := stat(path)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, info)
+		return
+	}
+	if q.Get("mode") == "" {
+		if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
+			mode = fi.Mode().Perm() // overwriting keeps the mode
+		}
 	}
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		writeError(w, errdefs.Conflict("%s is a directory", path))
@@ -335,7 +353,14 @@ func (a *Agent) handleMkdir(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if err := mkdirAll(path, acct); err != nil {
+	if q.Get("nofollow") == "1" {
+		fd, err := openDirNoFollow(path, true, acct)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		unix.Close(fd)
+	} else if err := mkdirAll(path, acct); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -36,6 +36,7 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("GET "+agentproto.PathFilesList, a.handleList)
 	mux.HandleFunc("POST "+agentproto.PathFilesMkdir, a.handleMkdir)
 	mux.HandleFunc("POST "+agentproto.PathFilesMove, a.handleMove)
+	mux.HandleFunc("POST "+agentproto.PathFilesSymlink, a.handleSymlink)
 	mux.HandleFunc("GET "+agentproto.PathFilesWatch, a.handleWatch)
 	mux.HandleFunc("POST "+agentproto.PathReclaim, a.handleReclaim)
 	mux.HandleFunc("POST "+agentproto.PathWarmup, a.handleWarmup)

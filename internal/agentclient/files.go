@@ -30,7 +30,21 @@ func (c *Client) ReadFile(ctx context.Context, path string) (io.ReadCloser, int6
 // directories. mode 0 keeps an existing file's mode (0644 for new files);
 // user ("" = the agent's default user) owns what is created.
 func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode, user string) (agentproto.FileInfo, error) {
+	return c.writeFile(ctx, path, r, mode, user, false)
+}
+
+// WriteFileNoFollow is WriteFile without following a symbolic link in any
+// component of path (agent protocol 4): a restore writes what the
+// sandbox's own code shaped, as root, into a tree it can change.
+func (c *Client) WriteFileNoFollow(ctx context.Context, path string, r io.Reader, mode os.FileMode, user string) (agentproto.FileInfo, error) {
+	return c.writeFile(ctx, path, r, mode, user, true)
+}
+
+func (c *Client) writeFile(ctx context.Context, path string, r io.Reader, mode os.FileMode, user string, nofollow bool) (agentproto.FileInfo, error) {
 	q := url.Values{"path": {path}}
+	if nofollow {
+		q.Set("nofollow", "1")
+	}
 	if mode != 0 {
 		q.Set("mode", strconv.FormatUint(uint64(unixMode(mode)), 8))
 	}
@@ -80,12 +94,37 @@ func (c *Client) List(ctx context.Context, path string, depth int) ([]agentproto
 // Mkdir creates a directory and its parents. Errors: ErrConflict when a
 // non-directory is in the way.
 func (c *Client) Mkdir(ctx context.Context, path, user string) (agentproto.FileInfo, error) {
+	return c.mkdir(ctx, path, user, false)
+}
+
+// MkdirNoFollow is Mkdir without following a symbolic link (protocol 4).
+func (c *Client) MkdirNoFollow(ctx context.Context, path, user string) (agentproto.FileInfo, error) {
+	return c.mkdir(ctx, path, user, true)
+}
+
+func (c *Client) mkdir(ctx context.Context, path, user string, nofollow bool) (agentproto.FileInfo, error) {
 	q := url.Values{"path": {path}}
+	if nofollow {
+		q.Set("nofollow", "1")
+	}
 	if user != "" {
 		q.Set("user", user)
 	}
 	var info agentproto.FileInfo
 	err := c.call(ctx, request{method: http.MethodPost, path: agentproto.PathFilesMkdir, query: q}, &info)
+	return info, err
+}
+
+// Symlink makes path a symbolic link to target owned by user, replacing
+// what is there (not a directory), without following a link in path's
+// directories (protocol 4).
+func (c *Client) Symlink(ctx context.Context, path, target, user string) (agentproto.FileInfo, error) {
+	q := url.Values{"path": {path}, "target": {target}}
+	if user != "" {
+		q.Set("user", user)
+	}
+	var info agentproto.FileInfo
+	err := c.call(ctx, request{method: http.MethodPost, path: agentproto.PathFilesSymlink, query: q}, &info)
 	return info, err
 }
 

@@ -20,7 +20,10 @@ import (
 
 // Version is the protocol version reported by the agent in Info.
 // 2: Info carries the SandboxID of the last Init.
-const Version = "3"
+// 3: GET /v1/stats.
+// 4: ?nofollow=1 on file writes and mkdir (no symbolic link in the path is
+// followed: restores use it).
+const Version = "4"
 
 // Paths served by the agent.
 const (
@@ -37,10 +40,14 @@ const (
 	PathFilesList  = "/v1/files/list"             // GET ?path=&depth= → []FileInfo
 	PathFilesMkdir = "/v1/files/mkdir"            // POST ?path=&user= → FileInfo (creates parents; 409 if a non-directory exists)
 	PathFilesMove  = "/v1/files/move"             // POST MoveRequest → FileInfo
-	PathFilesWatch = "/v1/files/watch"            // GET ?path=&recursive=1 → NDJSON WatchEvent stream
-	PathReclaim    = "/v1/memory/reclaim"         // POST → ReclaimResponse (kills the process using the most memory)
-	PathWarmup     = "/v1/warmup"                 // POST → 204 (runs what a first command would pay for; leaves no process behind)
-	PathStats      = "/v1/stats"                  // GET ?files_over=<bytes>&cpu=0 → Stats (version ≥ 3)
+	// POST ?path=&target=&user= → FileInfo: a symbolic link at path (one
+	// already there is replaced), no link in path's directories followed
+	// (version 4).
+	PathFilesSymlink = "/v1/files/symlink"
+	PathFilesWatch   = "/v1/files/watch"    // GET ?path=&recursive=1 → NDJSON WatchEvent stream
+	PathReclaim      = "/v1/memory/reclaim" // POST → ReclaimResponse (kills the process using the most memory)
+	PathWarmup       = "/v1/warmup"         // POST → 204 (runs what a first command would pay for; leaves no process behind)
+	PathStats        = "/v1/stats"          // GET ?files_over=<bytes>&cpu=0 → Stats (version ≥ 3)
 )
 
 // ReclaimResponse names the process the agent killed to free memory when

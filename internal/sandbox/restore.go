@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/spacesandbox/space/internal/agentclient"
@@ -54,6 +55,9 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 		return res, errdefs.InvalidArgument("snapshot %s is of template %s, sandbox %s runs %s", sid, sn.Template, id, sb.Template)
 	}
 	ctx = context.WithoutCancel(ctx)
+	if err := checkRestoreAgent(ctx, l.agent); err != nil {
+		return res, err
+	}
 	l.lockOp()
 	defer l.opMu.Unlock()
 	target, err := s.view(ctx, sn)
@@ -112,6 +116,13 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 			continue
 		}
 		e, _ := target.Lookup(ch.Path)
+		if cur, ok := current.Lookup(ch.Path); ok && kindOf(cur.Type) != kindOf(e.Type) {
+			// A link where the snapshot has a directory (or any other
+			// change of kind) goes first: nothing is written through it.
+			if err := l.agent.Remove(ctx, abs, true); err != nil && !isNotFound(err) {
+				return res, fmt.Errorf("replace %s: %w", abs, err)
+			}
+		}
 		if err := s.writeEntry(ctx, l.agent, target, e); err != nil {
 			return res, fmt.Errorf("restore %s: %w", abs, err)
 		}
@@ -141,12 +152,15 @@ func internalPath(p string) bool {
 	return false
 }
 
+// agentFiles is what a restore asks of the agent: every write, directory
+// and link without following a symbolic link in the path (the sandbox's
+// own code can plant one where the snapshot has a directory, and the agent
+// writes as root).
 type agentFiles interface {
-	WriteFile(ctx context.Context, path string, r io.Reader, mode os.FileMode, user string) (agentproto.FileInfo, error)
-	Mkdir(ctx context.Context, path, user string) (agentproto.FileInfo, error)
+	WriteFileNoFollow(ctx context.Context, path string, r io.Reader, mode os.FileMode, user string) (agentproto.FileInfo, error)
+	MkdirNoFollow(ctx context.Context, path, user string) (agentproto.FileInfo, error)
+	Symlink(ctx context.Context, path, target, user string) (agentproto.FileInfo, error)
 	Remove(ctx context.Context, path string, recursive bool) error
-	Start(ctx context.Context, req agentproto.StartRequest) (int, error)
-	Events(ctx context.Context, pid int, from uint64, follow bool) (*agentclient.EventStream, error)
 }
 
 // writeEntry recreates one snapshot entry in the sandbox through the agent.
@@ -158,34 +172,39 @@ func (s *Service) writeEntry(ctx context.Context, a agentFiles, m *snapshot.Mani
 	}
 	switch e.Type {
 	case snapshot.TypeDir, snapshot.TypeOpaque:
-		_, err := a.Mkdir(ctx, abs, user)
+		_, err := a.MkdirNoFollow(ctx, abs, user)
 		return err
 	case snapshot.TypeSymlink:
-		pid, err := a.Start(ctx, agentproto.StartRequest{Cmd: []string{"ln", "-sfn", e.Link, abs}, User: "root"})
-		if err != nil {
-			return err
-		}
-		ev, err := a.Events(ctx, pid, 1, true)
-		if err != nil {
-			return err
-		}
-		defer ev.Close()
-		for {
-			if _, err := ev.Next(); err != nil {
-				return nil
-			}
-		}
+		_, err := a.Symlink(ctx, abs, e.Link, user)
+		return err
 	case snapshot.TypeFile, snapshot.TypeHardlink:
 		rc, _, err := s.snaps.Store.ReadFile(ctx, m, e.Path)
 		if err != nil {
 			return err
 		}
 		defer rc.Close()
-		_, err = a.WriteFile(ctx, abs, rc, os.FileMode(e.Mode&0o7777), user)
+		_, err = a.WriteFileNoFollow(ctx, abs, rc, os.FileMode(e.Mode&0o7777), user)
 		return err
 	default:
 		return nil // devices, sockets: not restored
 	}
+}
+
+// restoreVersion is the first agent protocol whose file writes can refuse
+// to follow links (agentproto.Version 4).
+const restoreVersion = 4
+
+// checkRestoreAgent refuses a restore on a sandbox whose agent (it keeps
+// the one it started with) would follow links planted in its tree.
+func checkRestoreAgent(ctx context.Context, a *agentclient.Client) error {
+	info, err := a.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if v, _ := strconv.Atoi(info.Version); v < restoreVersion {
+		return errdefs.NotSupported("this sandbox runs agent protocol %s, which cannot restore files safely; restore into a new sandbox (create from the snapshot)", info.Version)
+	}
+	return nil
 }
 
 func isNotFound(err error) bool { return errorsIs(err, errdefs.ErrNotFound) }
@@ -239,4 +258,16 @@ func (s *Service) createFromSnapshot(ctx context.Context, c Caller, req CreateRe
 		return store.Sandbox{}, err
 	}
 	return sb, nil
+}
+
+// kindOf groups entry types by what they are on disk: a directory (opaque
+// or not), a link, or a file (hardlinks are written as files).
+func kindOf(t snapshot.EntryType) string {
+	switch t {
+	case snapshot.TypeDir, snapshot.TypeOpaque:
+		return "dir"
+	case snapshot.TypeSymlink:
+		return "link"
+	}
+	return "file"
 }

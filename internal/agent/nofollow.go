@@ -1,0 +1,190 @@
+package agent
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+// The files a restore writes come from a snapshot the sandbox's own code
+// shaped, and the agent writes them as root: a directory replaced by a
+// symbolic link (~/d → /etc) would send them anywhere. With ?nofollow=1 a
+// write or mkdir walks its path from / one component at a time, opening
+// each with O_NOFOLLOW relative to the one before, so no symbolic link on
+// the way is followed, even one swapped in while it runs; the file is
+// created and renamed relative to the last directory.
+
+// errCrossesLink is a nofollow path with a symbolic link (or a file) where
+// a directory should be.
+func errCrossesLink(path string) error {
+	return errdefs.InvalidArgument("%s: a component of the path is a symbolic link or not a directory (not followed)", path)
+}
+
+// openDirNoFollow opens dir (absolute, clean) without following a link in
+// any component, creating missing ones (given to acct) when create is set.
+//
+// Not O_DIRECTORY: gVisor (runsc 2026-09) follows a link opened with
+// O_DIRECTORY|O_NOFOLLOW where Linux fails with ENOTDIR (checked in a
+// sandbox); O_NOFOLLOW alone gives ELOOP there as here, and fstat tells a
+// directory.
+func openDirNoFollow(dir string, create bool, acct account) (int, error) {
+	const flags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Open("/", flags|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return -1, osError(err)
+	}
+	for _, comp := range strings.Split(strings.TrimPrefix(dir, "/"), "/") {
+		if comp == "" {
+			continue
+		}
+		nfd, err := unix.Openat(fd, comp, flags, 0)
+		if errors.Is(err, unix.ENOENT) && create {
+			err = unix.Mkdirat(fd, comp, 0o755)
+			if err == nil {
+				_ = unix.Fchownat(fd, comp, int(acct.uid), int(acct.gid), unix.AT_SYMLINK_NOFOLLOW)
+			}
+			if err == nil || errors.Is(err, unix.EEXIST) {
+				nfd, err = unix.Openat(fd, comp, flags, 0)
+			}
+		}
+		unix.Close(fd)
+		if err == nil {
+			var st unix.Stat_t
+			if err = unix.Fstat(nfd, &st); err == nil && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				err = unix.ENOTDIR
+			}
+			if err != nil {
+				unix.Close(nfd)
+			}
+		}
+		if err != nil {
+			if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+				return -1, errCrossesLink(dir)
+			}
+			return -1, osError(err)
+		}
+		fd = nfd
+	}
+	return fd, nil
+}
+
+// writeNoFollow writes body to path (absolute, clean) as acct's file with
+// mode (keepMode: an existing file's mode if it is one), without following
+// a link: a link at path itself is replaced, not written through.
+func writeNoFollow(path string, body io.Reader, acct account, mode os.FileMode, keepMode bool) error {
+	dirfd, err := openDirNoFollow(filepath.Dir(path), true, acct)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirfd)
+	base := filepath.Base(path)
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			return errdefs.Conflict("%s is a directory", path)
+		case unix.S_IFREG:
+			if keepMode {
+				mode = os.FileMode(st.Mode & 0o777)
+			}
+		}
+	}
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := ".space-write-" + hex.EncodeToString(rnd[:])
+	fd, err := unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return osError(err)
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			_ = unix.Unlinkat(dirfd, tmp, 0)
+		}
+	}()
+	buf := make([]byte, 256<<10)
+	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, struct{ io.Reader }{body}, buf); err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			return osError(err)
+		}
+		return errdefs.InvalidArgument("read body: %v", err)
+	}
+	if err := f.Chmod(mode); err != nil {
+		return osError(err)
+	}
+	if os.Geteuid() == 0 {
+		_ = f.Chown(int(acct.uid), int(acct.gid))
+	}
+	if err := f.Close(); err != nil {
+		return osError(err)
+	}
+	if err := unix.Renameat(dirfd, tmp, dirfd, base); err != nil {
+		return osError(err)
+	}
+	ok = true
+	return nil
+}
+
+// symlinkNoFollow makes path (absolute, clean) a symbolic link to target,
+// owned by acct, replacing what is there unless it is a directory.
+func symlinkNoFollow(path, target string, acct account) error {
+	dirfd, err := openDirNoFollow(filepath.Dir(path), true, acct)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirfd)
+	base := filepath.Base(path)
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := ".space-link-" + hex.EncodeToString(rnd[:])
+	if err := unix.Symlinkat(target, dirfd, tmp); err != nil {
+		return osError(err)
+	}
+	_ = unix.Fchownat(dirfd, tmp, int(acct.uid), int(acct.gid), unix.AT_SYMLINK_NOFOLLOW)
+	if err := unix.Renameat(dirfd, tmp, dirfd, base); err != nil {
+		_ = unix.Unlinkat(dirfd, tmp, 0)
+		return osError(err)
+	}
+	return nil
+}
+
+func (a *Agent) handleSymlink(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	path, err := a.resolve(q.Get("path"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	target := q.Get("target")
+	if target == "" || strings.IndexByte(target, 0) >= 0 {
+		writeError(w, errdefs.InvalidArgument("target: required, without NUL bytes"))
+		return
+	}
+	acct, err := a.owner(q.Get("user"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := symlinkNoFollow(path, target, acct); err != nil {
+		writeError(w, err)
+		return
+	}
+	info, err := stat(path)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, info)
+}
