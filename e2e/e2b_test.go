@@ -1,12 +1,19 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"mime/multipart"
 	"net"
 	"net/http"
+	"net/textproto"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -282,4 +289,83 @@ func e2bAccessToken(t *testing.T, url, key, id string) string {
 		t.Fatalf("connect %s: %d %v", id, resp.StatusCode, err)
 	}
 	return v.Token
+}
+
+// TestE2BSignedUpload: a signed upload URL (uploadUrl) writes its one path.
+// A multipart body with a second part used to write wherever that part's
+// filename said (/etc included).
+func TestE2BSignedUpload(t *testing.T) {
+	_, _, s, addr := e2bServer(t)
+	key := s.teamKey("e2b-signed")
+	url := "http://" + addr
+	req, _ := http.NewRequest("POST", url+"/sandboxes", strings.NewReader(`{"templateID":"base"}`))
+	req.Header.Set("X-API-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var made struct {
+		ID string `json:"sandboxID"`
+	}
+	json.NewDecoder(resp.Body).Decode(&made)
+	resp.Body.Close()
+	if made.ID == "" {
+		t.Fatalf("create: %d", resp.StatusCode)
+	}
+	defer func() {
+		req, _ := http.NewRequest("DELETE", url+"/sandboxes/"+made.ID, nil)
+		req.Header.Set("X-API-Key", key)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	token := e2bAccessToken(t, url, key, made.ID)
+	const target = "/home/user/up.txt"
+	sum := sha256.Sum256([]byte(target + ":write::" + token))
+	signed := url + "/files?path=" + target + "&signature=" + neturl.QueryEscape("v1_"+strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "="))
+	upload := func(names ...string) int {
+		var body bytes.Buffer
+		mw := multipart.NewWriter(&body)
+		for _, n := range names {
+			h := textproto.MIMEHeader{}
+			h.Set("Content-Disposition", fmt.Sprintf(`form-data; name="file"; filename=%q`, n))
+			pw, _ := mw.CreatePart(h)
+			pw.Write([]byte("from " + n))
+		}
+		mw.Close()
+		req, _ := http.NewRequest("POST", signed, &body)
+		req.Header.Set("Content-Type", mw.FormDataContentType())
+		req.Header.Set("E2b-Sandbox-Id", made.ID)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := upload(target, "/etc/evil-from-signed-url"); code != 400 {
+		t.Errorf("a signed upload with a second part: %d, want 400", code)
+	}
+	read := func(p string) (int, string) {
+		req, _ := http.NewRequest("GET", url+"/files?path="+p, nil)
+		req.Header.Set("E2b-Sandbox-Id", made.ID)
+		req.Header.Set("X-Access-Token", token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := read("/etc/evil-from-signed-url"); code != 404 {
+		t.Errorf("the second part was written: %d %q", code, body)
+	}
+	if code := upload(target); code != 200 {
+		t.Errorf("a signed upload of its one file: %d", code)
+	}
+	if code, body := read(target); code != 200 || body != "from "+target {
+		t.Errorf("the signed file: %d %q", code, body)
+	}
 }

@@ -33,6 +33,7 @@ import (
 type envdTarget struct {
 	id     string
 	caller sandbox.Caller
+	signed bool // authorized by a URL signature (for its path only), not the access token
 }
 
 type targetKey struct{}
@@ -95,8 +96,10 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	token := h.accessToken(id)
 	ok := subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(token)) == 1
+	signed := false
 	if !ok && r.URL.Path == "/files" {
 		ok = h.validSignature(r, token)
+		signed = ok
 	}
 	if !ok {
 		if r.URL.Path == "/files" {
@@ -106,7 +109,7 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		}
 		return
 	}
-	ctx = context.WithValue(ctx, targetKey{}, envdTarget{id: id, caller: sandbox.Caller{Team: sb.Team}})
+	ctx = context.WithValue(ctx, targetKey{}, envdTarget{id: id, caller: sandbox.Caller{Team: sb.Team}, signed: signed})
 	h.envd.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -233,6 +236,10 @@ type writtenJSON struct {
 func (h *Handler) postFile(w http.ResponseWriter, r *http.Request) {
 	t := targetOf(r.Context())
 	qpath := r.URL.Query().Get("path")
+	if t.signed && qpath == "" {
+		writeJSONError(w, http.StatusBadRequest, "a signed upload URL must name its path")
+		return
+	}
 	ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var out []writtenJSON
 	write := func(p string, body io.Reader) bool {
@@ -280,6 +287,13 @@ func (h *Handler) postFile(w http.ResponseWriter, r *http.Request) {
 			p := dp["filename"]
 			if qpath != "" && n == 0 {
 				p = qpath
+			}
+			if t.signed && n > 0 {
+				// A signed URL grants its one path: a second part would
+				// write wherever its filename says.
+				part.Close()
+				writeJSONError(w, http.StatusBadRequest, "a signed upload URL writes one file (its path); send one file part")
+				return
 			}
 			n++
 			ok := write(p, part)
