@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -83,6 +84,9 @@ func TestBadInput(t *testing.T) {
 		{"negative quota", "PUT", "/v1/teams/qt/quota", s.key, `{"max_sandboxes":-1}`, 400, "invalid_argument"},
 		{"empty quota", "PUT", "/v1/teams/qt/quota", s.key, `{}`, 400, "invalid_argument"},
 		{"no quota to delete", "DELETE", "/v1/teams/qt/quota", s.key, nil, 404, "not_found"},
+		// /dev/null became a regular file anyone could read.
+		{"write over a device", "PUT", "/v1/sandboxes/" + id + "/files?path=/dev/null", s.key, "data", 400, "invalid_argument"},
+		{"write to a path ending in /", "PUT", "/v1/sandboxes/" + id + "/files?path=/home/user/dir/", s.key, "data", 400, "invalid_argument"},
 		// An unknown template answered 200 and an SSE error event.
 		{"build an unknown template", "POST", "/v1/templates/no-such/build", s.key, nil, 404, "not_found"},
 	}
@@ -97,6 +101,22 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 	s.t = t
+	// An upload shorter than its Content-Length answered 500.
+	host := strings.TrimPrefix(s.url, "http://")
+	if c, err := net.Dial("tcp", host); err != nil {
+		t.Error(err)
+	} else {
+		fmt.Fprintf(c, "PUT /v1/sandboxes/%s/files?path=/home/user/short HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: 100\r\n\r\n0123456789", id, host, s.key)
+		c.(*net.TCPConn).CloseWrite()
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != 400 {
+			t.Errorf("short upload: %v %v", resp, err)
+		}
+		c.Close()
+	}
+	if r := s.sh(id, "test -e /home/user/short && echo written; test -c /dev/null && echo device"); r.Stdout != "device\n" {
+		t.Errorf("after the bad uploads: %q", r.Stdout)
+	}
 	if after := countSandboxes(); after != before {
 		t.Errorf("sandboxes before %d, after %d: bad input changed state", before, after)
 	}

@@ -216,6 +216,12 @@ func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.Conflict("%s is a directory", path))
 		return
 	}
+	if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() && fi.Mode()&fs.ModeSymlink == 0 {
+		// A device, FIFO or socket is not replaced by a file (/dev/null
+		// became a file anyone could read).
+		writeError(w, errdefs.InvalidArgument("%s is not a regular file", path))
+		return
+	}
 	dir := filepath.Dir(path)
 	if err := mkdirAll(dir, acct); err != nil {
 		writeError(w, err)

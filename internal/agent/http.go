@@ -75,7 +75,8 @@ func classOf(err error) error {
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, unix.EROFS):
 		return errdefs.ErrPermissionDenied
 	case errors.As(err, &errno) && (errno == unix.ENOTDIR || errno == unix.EISDIR || errno == unix.EINVAL ||
-		errno == unix.ENAMETOOLONG || errno == unix.ELOOP || errno == unix.EXDEV || errno == unix.ENOEXEC):
+		errno == unix.ENAMETOOLONG || errno == unix.ELOOP || errno == unix.EXDEV || errno == unix.ENOEXEC ||
+		errno == unix.ENXIO): // ENXIO: opening a socket
 		return errdefs.ErrInvalidArgument
 	case errors.As(err, &errno) && (errno == unix.ENOSPC || errno == unix.EDQUOT || errno == unix.EFBIG):
 		return errdefs.ErrTooLarge

@@ -49,6 +49,9 @@ func (s *Service) ReadFile(ctx context.Context, c Caller, id, p string) (io.Read
 
 // WriteFile streams r into a file in the sandbox (parents created).
 func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Reader) (agentproto.FileInfo, error) {
+	if strings.HasSuffix(p, "/") {
+		return agentproto.FileInfo{}, errdefs.InvalidArgument("path: %q ends in '/': name the file to write", p)
+	}
 	p, err := cleanPath(p)
 	if err != nil {
 		return agentproto.FileInfo{}, err
@@ -57,7 +60,28 @@ func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Re
 	if err != nil {
 		return agentproto.FileInfo{}, err
 	}
-	return a.WriteFile(ctx, p, r, 0, "")
+	br := &bodyReader{r: r}
+	fi, err := a.WriteFile(ctx, p, br, 0, "")
+	if err != nil && br.err != nil {
+		return fi, errdefs.InvalidArgument("request body: %v (the file was not written)", br.err)
+	}
+	return fi, err
+}
+
+// bodyReader keeps the error of the caller's body (a connection cut, a body
+// shorter than its Content-Length): the write failed because of it, a 400,
+// whatever the agent call reports (a cancelled request, mostly).
+type bodyReader struct {
+	r   io.Reader
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
 }
 
 // Stat describes one file.
