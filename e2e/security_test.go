@@ -584,3 +584,36 @@ func TestAbandonedStreams(t *testing.T) {
 		return n <= before+5
 	})
 }
+
+// TestPTYThreads: terminals do not cost the agent an OS thread each (their
+// masters were in blocking mode: ~200 terminals used up the task limit and
+// the agent died, and the sandbox with it).
+func TestPTYThreads(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	threads := func() int {
+		var r execResult
+		s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "awk '/^Threads/ {print $2}' /proc/1/status", "user": "root"}, &r)
+		n, err := strconv.Atoi(strings.TrimSpace(r.Stdout))
+		if err != nil {
+			t.Fatalf("agent threads: %+v", r)
+		}
+		return n
+	}
+	before := threads()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for range 30 {
+		wsURL := strings.Replace(s.url, "http://", "ws://", 1) + "/v1/sandboxes/" + id + "/pty?cmd=/bin/sh"
+		c, _, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + s.key}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		c.Write(ctx, websocket.MessageBinary, []byte("echo up\n"))
+	}
+	if after := threads(); after > before+10 {
+		t.Errorf("the agent has %d threads with 30 terminals open, %d before", after, before)
+	}
+}

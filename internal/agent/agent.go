@@ -4,7 +4,7 @@
 // output, PTYs, files and inotify watches.
 //
 // The agent imports only agentproto, errdefs, the standard library, x/sys,
-// yamux and creack/pty, and is built as a static binary (CGO_ENABLED=0).
+// yamux, and is built as a static binary (CGO_ENABLED=0).
 package agent
 
 import (

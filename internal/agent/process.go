@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	"github.com/spacesandbox/space/internal/agentproto"
@@ -134,11 +133,11 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 	)
 	sys := &syscall.SysProcAttr{Credential: acct.credential()}
 	if req.PTY != nil {
-		master, tty, err := pty.Open()
+		master, tty, err := openPTY()
 		if err != nil {
-			return nil, nil, errdefs.Newf(errdefs.ErrInternal, "open pty: %v", err)
+			return nil, nil, errdefs.Newf(classOf(err), "open pty: %v", err)
 		}
-		_ = pty.Setsize(master, &pty.Winsize{Rows: req.PTY.Rows, Cols: req.PTY.Cols})
+		_ = setWinsize(master, req.PTY.Rows, req.PTY.Cols)
 		p.pty, p.stdin = master, master
 		files = [3]*os.File{tty, tty, tty}
 		childEnds = append(childEnds, tty)
@@ -519,7 +518,7 @@ func (p *process) resize(size agentproto.PTYSize) error {
 	if !p.snapshot().Running {
 		return errdefs.Conflict("process %d is not running", p.pid)
 	}
-	if err := pty.Setsize(p.pty, &pty.Winsize{Rows: size.Rows, Cols: size.Cols}); err != nil {
+	if err := setWinsize(p.pty, size.Rows, size.Cols); err != nil {
 		return errdefs.Newf(errdefs.ErrInternal, "resize: %v", err)
 	}
 	return nil
