@@ -336,9 +336,13 @@ func pump(r *os.File, kind string, log *eventLog) {
 		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) && !draining {
+				// The exit grace is over: read what the pipe already
+				// holds, without waiting for more. The deadline goes
+				// first: a raw read checks it before reading at all.
 				if raw, err = r.SyscallConn(); err != nil {
 					return
 				}
+				_ = r.SetReadDeadline(time.Time{})
 				draining = true
 				continue
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -48,5 +49,36 @@ func TestPumpChunksFitTheLog(t *testing.T) {
 		if limit == 8<<20 && largest <= readChunkMin {
 			t.Errorf("limit %d: reads never grew past %d bytes", limit, largest)
 		}
+	}
+}
+
+// Output already in the pipe when the exit grace has passed is still read
+// (a grandchild holds the pipe open, and the agent was too busy to read
+// before the deadline): the drain used to stop at the expired deadline, so
+// a loaded agent reported `echo ok` with no output.
+func TestPumpDrainsAfterDeadline(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close() // held open, as by a background grandchild
+	if _, err := w.Write([]byte("ok\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = r.SetReadDeadline(time.Now().Add(-time.Second)) // the grace is over before the pump runs
+	log := newEventLog(1 << 20)
+	done := make(chan struct{})
+	go func() { pump(r, "stdout", log); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pump did not return after its deadline")
+	}
+	var kept []byte
+	for _, ev := range log.events {
+		kept = append(kept, ev.Data...)
+	}
+	if string(kept) != "ok\n" {
+		t.Errorf("output after the deadline: %q, want \"ok\\n\"", kept)
 	}
 }
