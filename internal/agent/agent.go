@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -76,6 +77,7 @@ type Agent struct {
 
 	mu        sync.Mutex
 	sess      *yamux.Session // the current host session (nil between sessions)
+	watches   atomic.Int32   // file watch streams open (at most maxWatches)
 	egressLn  net.Listener
 	procs     map[int]*process
 	initEnv   map[string]string

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,13 +19,26 @@ import (
 const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOVED_FROM |
 	unix.IN_MOVED_TO | unix.IN_ATTRIB | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
 
+// Limits of file watching: each watched directory costs the agent memory
+// and the walk that adds it (a recursive watch of / is tens of thousands),
+// and 3,000 such watches at once kept an agent busy for a quarter of an
+// hour.
+const (
+	maxWatches   = 64   // watch streams open at once per sandbox
+	maxWatchDirs = 8192 // directories one watch may hold
+)
+
 // watcher is one inotify instance with its watch descriptors.
 type watcher struct {
-	f         *os.File // the inotify fd, non-blocking so reads park in the poller and Close wakes them
+	ctx       context.Context // the request: a walk stops when its client is gone
+	f         *os.File        // the inotify fd, non-blocking so reads park in the poller and Close wakes them
 	fd        int
 	recursive bool
 	dirs      map[int]string // wd → directory
 }
+
+// errTooManyDirs ends the walk of a tree larger than maxWatchDirs.
+var errTooManyDirs = errors.New("too many directories")
 
 // add watches dir and, for a recursive watch, its subdirectories. found,
 // when not nil, is called with every entry already in them: a directory
@@ -33,6 +47,12 @@ type watcher struct {
 // inotify never reports what was there before. An entry created while its
 // directory is being added can therefore be reported twice, never not at all.
 func (w *watcher) add(dir string, found func(path string)) error {
+	if err := w.ctx.Err(); err != nil {
+		return err
+	}
+	if len(w.dirs) >= maxWatchDirs {
+		return errTooManyDirs
+	}
 	wd, err := unix.InotifyAddWatch(w.fd, dir, watchMask)
 	if err != nil {
 		return err
@@ -51,7 +71,9 @@ func (w *watcher) add(dir string, found func(path string)) error {
 			found(p)
 		}
 		if e.IsDir() { // DirEntry type: symlinked directories are not followed
-			_ = w.add(p, found)
+			if err := w.add(p, found); errors.Is(err, errTooManyDirs) || w.ctx.Err() != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -76,14 +98,24 @@ func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.InvalidArgument("%s is not a directory", path))
 		return
 	}
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		writeError(w, errdefs.Newf(errdefs.ErrInternal, "inotify: %v", err))
+	if a.watches.Add(1) > maxWatches {
+		a.watches.Add(-1)
+		writeError(w, errdefs.Unavailable("%d file watches are open in this sandbox, the most at once; end one first", maxWatches))
 		return
 	}
-	wt := &watcher{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, recursive: q.Get("recursive") == "1", dirs: map[int]string{}}
+	defer a.watches.Add(-1)
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		writeError(w, errdefs.Newf(classOf(err), "inotify: %v", err))
+		return
+	}
+	wt := &watcher{ctx: r.Context(), f: os.NewFile(uintptr(fd), "inotify"), fd: fd, recursive: q.Get("recursive") == "1", dirs: map[int]string{}}
 	defer wt.f.Close()
 	if err := wt.add(path, nil); err != nil {
+		if errors.Is(err, errTooManyDirs) {
+			writeError(w, errdefs.Newf(errdefs.ErrTooLarge, "%s holds more than %d directories: watch a smaller tree", path, maxWatchDirs))
+			return
+		}
 		writeError(w, osError(&os.PathError{Op: "watch", Path: path, Err: err}))
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/agent"
+	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -267,6 +269,55 @@ func TestWatch(t *testing.T) {
 	ws.Close()
 	if _, err := h.c.Watch(t.Context(), filepath.Join(h.home, "missing"), false); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("watch missing: %v", err)
+	}
+}
+
+// Watches are bounded: a tree of more directories than one watch may hold
+// is 413, and past the open watches a sandbox may have it is 503 until one
+// ends (3,000 recursive watches of / kept an agent busy for 15 minutes).
+func TestWatchLimits(t *testing.T) {
+	h := newHarness(t, agent.Options{})
+	big := filepath.Join(h.home, "big")
+	for i := range 8200 {
+		if err := os.MkdirAll(filepath.Join(big, fmt.Sprint(i/100), fmt.Sprint(i%100)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := h.c.Watch(t.Context(), big, true); !errors.Is(err, errdefs.ErrTooLarge) {
+		t.Fatalf("a recursive watch of 8,283 directories: %v, want too large", err)
+	}
+	small := filepath.Join(h.home, "small")
+	os.Mkdir(small, 0o755)
+	var open []*agentclient.WatchStream
+	defer func() {
+		for _, ws := range open {
+			ws.Close()
+		}
+	}()
+	for i := range 64 {
+		ws, err := h.c.Watch(t.Context(), small, false)
+		if err != nil {
+			t.Fatalf("watch %d: %v", i, err)
+		}
+		open = append(open, ws)
+	}
+	if _, err := h.c.Watch(t.Context(), small, false); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("watch 65: %v, want unavailable", err)
+	}
+	open[0].Close()
+	open = open[1:]
+	// The ended watch is released when the agent sees its stream close.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ws, err := h.c.Watch(t.Context(), small, false)
+		if err == nil {
+			open = append(open, ws)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a watch after one ended: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
