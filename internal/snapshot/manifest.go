@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -204,7 +205,7 @@ func sortEntries(es []FileEntry) {
 // rename) moves it into place so that an existing snapshot with the same
 // id is never replaced: that is errdefs.ErrConflict.
 func (s *Store) commitManifest(m *Manifest) error {
-	data, err := json.Marshal(m)
+	data, err := json.Marshal(wireOf(m))
 	if err != nil {
 		return fmt.Errorf("snapshot %s: encode manifest: %w", m.ID, err)
 	}
@@ -260,8 +261,12 @@ func (s *Store) load(id string) (*Manifest, error) {
 		}
 		return nil, fmt.Errorf("snapshot %s: %w", id, err)
 	}
-	m := new(Manifest)
-	if err := json.Unmarshal(data, m); err != nil {
+	var w manifestWire
+	if err := json.Unmarshal(data, &w); err != nil {
+		return nil, fmt.Errorf("snapshot %s: bad manifest: %v: %w", id, err, ErrCorrupt)
+	}
+	m, err := w.manifest()
+	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: bad manifest: %v: %w", id, err, ErrCorrupt)
 	}
 	if m.ID != id {
@@ -423,4 +428,59 @@ func (c *manifestCache) drop(id string) {
 func (c *manifestCache) touchLocked(id string) {
 	c.order = slices.DeleteFunc(c.order, func(x string) bool { return x == id })
 	c.order = append(c.order, id)
+}
+
+// manifestWire is a manifest as stored. JSON strings carry only UTF-8, so
+// a path or link target that is not (a file named "\xff" is legal) would
+// be written with U+FFFD in its place, and a restore would make a file of
+// another name and remove the real one: RawNames keeps the exact bytes of
+// those, by entry index. Entries stays last (List stops before it).
+type manifestWire struct {
+	Info
+	RawNames map[int]rawName `json:"raw_names,omitempty"`
+	Entries  []FileEntry     `json:"entries"`
+}
+
+// rawName holds the exact bytes of an entry's path and link (base64 in
+// JSON), each only when it is not valid UTF-8.
+type rawName struct {
+	Path []byte `json:"path,omitempty"`
+	Link []byte `json:"link,omitempty"`
+}
+
+func wireOf(m *Manifest) manifestWire {
+	w := manifestWire{Info: m.Info, Entries: m.Entries}
+	for i, e := range m.Entries {
+		pathOK, linkOK := utf8.ValidString(e.Path), utf8.ValidString(e.Link)
+		if pathOK && linkOK {
+			continue
+		}
+		var rn rawName
+		if !pathOK {
+			rn.Path = []byte(e.Path)
+		}
+		if !linkOK {
+			rn.Link = []byte(e.Link)
+		}
+		if w.RawNames == nil {
+			w.RawNames = map[int]rawName{}
+		}
+		w.RawNames[i] = rn
+	}
+	return w
+}
+
+func (w *manifestWire) manifest() (*Manifest, error) {
+	for i, rn := range w.RawNames {
+		if i < 0 || i >= len(w.Entries) {
+			return nil, fmt.Errorf("raw name of entry %d of %d", i, len(w.Entries))
+		}
+		if rn.Path != nil {
+			w.Entries[i].Path = string(rn.Path)
+		}
+		if rn.Link != nil {
+			w.Entries[i].Link = string(rn.Link)
+		}
+	}
+	return &Manifest{Info: w.Info, Entries: w.Entries}, nil
 }
