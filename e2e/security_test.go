@@ -86,6 +86,7 @@ func TestBadInput(t *testing.T) {
 		{"no quota to delete", "DELETE", "/v1/teams/qt/quota", s.key, nil, 404, "not_found"},
 		// /dev/null became a regular file anyone could read.
 		{"write over a device", "PUT", "/v1/sandboxes/" + id + "/files?path=/dev/null", s.key, "data", 400, "invalid_argument"},
+		{"egress log limit not a number", "GET", "/v1/sandboxes/" + id + "/egress?limit=abc", s.key, nil, 400, "invalid_argument"},
 		{"write to a path ending in /", "PUT", "/v1/sandboxes/" + id + "/files?path=/home/user/dir/", s.key, "data", 400, "invalid_argument"},
 		// An unknown template answered 200 and an SSE error event.
 		{"build an unknown template", "POST", "/v1/templates/no-such/build", s.key, nil, 404, "not_found"},

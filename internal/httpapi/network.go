@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/egress"
+	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/sandbox"
 )
 
@@ -45,7 +46,15 @@ func (a *API) setNetwork(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 }
 
 func (a *API) egressLog(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
-	limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+	limit := 0
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			a.writeError(w, r, errdefs.InvalidArgument("limit: a number of records, 0 or more"))
+			return
+		}
+		limit = n
+	}
 	recs, err := a.svc.EgressLog(r.Context(), c, r.PathValue("id"), limit)
 	if err != nil {
 		a.writeError(w, r, err)
