@@ -93,6 +93,16 @@ func fileInfo(path string, fi fs.FileInfo, n names) agentproto.FileInfo {
 	return info
 }
 
+// writeStat answers with path's FileInfo.
+func writeStat(w http.ResponseWriter, path string) {
+	info, err := stat(path)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, info)
+}
+
 func stat(path string) (agentproto.FileInfo, error) {
 	fi, err := os.Lstat(path)
 	if err != nil {
@@ -199,12 +209,7 @@ func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
-		info, err := stat(path)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, info)
+		writeStat(w, path)
 		return
 	}
 	if q.Get("mode") == "" {
@@ -263,12 +268,7 @@ func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ok = true
-	info, err := stat(path)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, info)
+	writeStat(w, path)
 }
 
 func (a *Agent) handleStat(w http.ResponseWriter, r *http.Request) {
@@ -277,12 +277,7 @@ func (a *Agent) handleStat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	info, err := stat(path)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, info)
+	writeStat(w, path)
 }
 
 // handleList lists a directory to ?depth= levels (1: direct children),
@@ -370,12 +365,7 @@ func (a *Agent) handleMkdir(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	info, err := stat(path)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, info)
+	writeStat(w, path)
 }
 
 func (a *Agent) handleMove(w http.ResponseWriter, r *http.Request) {

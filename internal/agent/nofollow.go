@@ -181,10 +181,5 @@ func (a *Agent) handleSymlink(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	info, err := stat(path)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, info)
+	writeStat(w, path)
 }
