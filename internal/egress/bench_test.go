@@ -76,7 +76,8 @@ func BenchmarkProxyThroughput(b *testing.B) {
 	e := newEnv(b)
 	e.allow(b, fmt.Sprintf("allowed.test:%d,secret.test:%d", e.tlsPort, e.tlsPort), "")
 	ph := NewPlaceholder()
-	e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("v"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "X-T"}}})
+	// A token-sized value: responses from its host are scrubbed of it.
+	e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "X-T"}}})
 	const size = 100 << 20
 	for _, c := range []struct{ name, url string }{
 		{"direct", fmt.Sprintf("https://127.0.0.1:%d/?size=%d", e.tlsPort, size)},

@@ -129,13 +129,16 @@ func (sc *scrubber) replace(b []byte) []byte {
 
 // scrubReader is a body with the needles replaced as it streams: it keeps
 // back the last max-1 bytes of what it read (they may begin a needle the
-// next read completes).
+// next read completes). Its buffers are reused: a body with no needle costs
+// a scan and a copy per read, no allocation.
 type scrubReader struct {
 	sc   *scrubber
 	r    io.Reader
 	c    io.Closer
-	in   []byte // read, not yet scrubbed and passed on
-	out  []byte // scrubbed, not yet returned
+	buf  []byte // buf[:n] read, not yet scrubbed
+	n    int
+	obuf []byte // scrubbed, out[...] not yet returned
+	out  []byte
 	eof  bool
 	rerr error
 }
@@ -145,33 +148,35 @@ func (s *scrubReader) Read(p []byte) (int, error) {
 		if s.eof {
 			return 0, s.rerr
 		}
-		buf := make([]byte, 32<<10)
-		n, err := s.r.Read(buf)
-		s.in = append(s.in, buf[:n]...)
-		if err != nil {
-			s.eof = true
-			s.rerr = err
-			s.out = s.sc.replace(s.in)
-			s.in = nil
-			continue
+		if s.buf == nil {
+			s.buf = make([]byte, max(64<<10, 4*s.sc.max))
 		}
-		// Pass on all but a tail that could be the start of a needle;
-		// needles wholly inside the part passed on are replaced.
-		keep := min(len(s.in), s.sc.max-1)
-		cut := len(s.in) - keep
-		// A needle crossing the cut is left whole in the tail (moving the
-		// cut back can make another cross it: until none does).
-		for moved := true; moved; {
-			moved = false
-			for _, nd := range s.sc.needles {
-				from := max(0, cut-len(nd)+1)
-				if i := bytes.Index(s.in[from:], nd); i >= 0 && from+i < cut && from+i+len(nd) > cut {
-					cut, moved = from+i, true
+		m, err := s.r.Read(s.buf[s.n:])
+		s.n += m
+		cut := s.n
+		if err != nil {
+			s.eof, s.rerr = true, err
+		} else {
+			// Pass on all but a tail that could be the start of a needle;
+			// a needle crossing the cut is left whole in the tail (moving
+			// the cut back can make another cross it: until none does).
+			cut -= min(s.n, s.sc.max-1)
+			for moved := true; moved; {
+				moved = false
+				for _, nd := range s.sc.needles {
+					from := max(0, cut-len(nd)+1)
+					if i := bytes.Index(s.buf[from:s.n], nd); i >= 0 && from+i < cut && from+i+len(nd) > cut {
+						cut, moved = from+i, true
+					}
 				}
 			}
 		}
-		s.out = s.sc.replace(append([]byte(nil), s.in[:cut]...))
-		s.in = append(s.in[:0:0], s.in[cut:]...)
+		s.obuf = append(s.obuf[:0], s.sc.replace(s.buf[:cut])...)
+		s.out = s.obuf
+		s.n = copy(s.buf, s.buf[cut:s.n])
+		if s.n == len(s.buf) {
+			s.buf = append(s.buf, make([]byte, len(s.buf))...) // a tail that fills it: room to read on
+		}
 	}
 	n := copy(p, s.out)
 	s.out = s.out[n:]
