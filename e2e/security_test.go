@@ -620,3 +620,61 @@ func TestPTYThreads(t *testing.T) {
 		t.Errorf("the agent has %d threads with 30 terminals open, %d before", after, before)
 	}
 }
+
+// TestStreamLimit: a sandbox has at most 128 output streams open at once
+// (each holds an agent stream and up to 4 MiB of output in the server:
+// 1,000 slow readers took the server past 4 GB); the next is a 503 until
+// one closes.
+func TestStreamLimit(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	var bg struct{ PID int }
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "sleep 600", "background": true}, &bg); code != 202 {
+		t.Fatalf("start: %d", code)
+	}
+	host := strings.TrimPrefix(s.url, "http://")
+	open := func() (net.Conn, *http.Response) {
+		c, err := net.Dial("tcp", host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "GET /v1/sandboxes/%s/processes/%d/events HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", id, bg.PID, host, s.key)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, resp
+	}
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range 128 {
+		c, resp := open()
+		conns = append(conns, c)
+		if resp.StatusCode != 200 {
+			t.Fatalf("stream %d: %d", i, resp.StatusCode)
+		}
+	}
+	c, resp := open()
+	var e apiError
+	json.NewDecoder(resp.Body).Decode(&e)
+	c.Close()
+	if resp.StatusCode != 503 || e.Error != "unavailable" || !strings.Contains(e.Message, "streams") {
+		t.Fatalf("stream 129: %d %+v", resp.StatusCode, e)
+	}
+	conns[0].Close()
+	conns = conns[1:]
+	waitFor(t, "a stream to be let go", 10*time.Second, func() bool {
+		c, resp := open()
+		if resp.StatusCode == 200 {
+			conns = append(conns, c)
+			return true
+		}
+		c.Close()
+		return false
+	})
+}

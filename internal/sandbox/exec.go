@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -98,13 +99,31 @@ func (s *Service) Run(ctx context.Context, c Caller, id string, req ExecRequest)
 	if err != nil {
 		return 0, nil, err
 	}
+	if err := l.openStream(); err != nil {
+		return 0, nil, err
+	}
 	start := s.now()
 	pid, ev, err := l.agent.Run(ctx, req.agentRequest())
 	if err != nil {
+		l.streams.Add(-1)
 		return 0, nil, err
 	}
 	s.started(sb, pid, req, start)
-	return pid, &recordingStream{EventStream: ev, s: s, id: id, pid: pid}, nil
+	return pid, &recordingStream{EventStream: ev, s: s, l: l, id: id, pid: pid}, nil
+}
+
+// maxStreams bounds the output streams open on one sandbox at once: each
+// holds an agent stream and up to its flow-control window (4 MiB) of
+// output in the server, and 1,000 slow readers took the server past 4 GB.
+const maxStreams = 128
+
+// openStream counts a stream in, or refuses it past maxStreams.
+func (l *live) openStream() error {
+	if l.streams.Add(1) > maxStreams {
+		l.streams.Add(-1)
+		return errdefs.Unavailable("%d output streams are open on this sandbox, the most at once; close one first", maxStreams)
+	}
+	return nil
 }
 
 func (s *Service) execTarget(ctx context.Context, c Caller, id string, req ExecRequest) (store.Sandbox, *live, error) {
@@ -150,18 +169,31 @@ func (s *Service) Events(ctx context.Context, c Caller, id string, pid int, from
 	if err != nil {
 		return nil, err
 	}
-	ev, err := l.agent.Events(ctx, pid, from, follow)
-	if err != nil {
+	if err := l.openStream(); err != nil {
 		return nil, err
 	}
-	return &recordingStream{EventStream: ev, s: s, id: id, pid: pid}, nil
+	ev, err := l.agent.Events(ctx, pid, from, follow)
+	if err != nil {
+		l.streams.Add(-1)
+		return nil, err
+	}
+	return &recordingStream{EventStream: ev, s: s, l: l, id: id, pid: pid}, nil
 }
 
 type recordingStream struct {
 	EventStream
-	s   *Service
-	id  string
-	pid int
+	s      *Service
+	l      *live
+	id     string
+	pid    int
+	closed atomic.Bool
+}
+
+func (r *recordingStream) Close() error {
+	if r.closed.CompareAndSwap(false, true) {
+		r.l.streams.Add(-1)
+	}
+	return r.EventStream.Close()
 }
 
 func (r *recordingStream) Next() (agentproto.Event, error) {

@@ -126,6 +126,10 @@ type live struct {
 	// the create burst to end.
 	urgent     chan struct{}
 	urgentOnce sync.Once
+	// streams counts the output streams open on the sandbox (follows,
+	// SSE execs, terminals): at most maxStreams, each holding an agent
+	// stream and up to its window of output in the server.
+	streams atomic.Int32
 }
 
 // hurry asks for the identity now.
