@@ -112,7 +112,7 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		}
 		*f.dst = *f.v
 	}
-	if err := a.cfg.Store.PutQuota(r.Context(), team, q); err != nil {
+	if err := a.svc.SetQuota(r.Context(), c, team, q); err != nil {
 		a.writeError(w, r, err)
 		return
 	}
@@ -124,7 +124,7 @@ func (a *API) deleteQuota(w http.ResponseWriter, r *http.Request, c sandbox.Call
 	if !ok {
 		return
 	}
-	if err := a.cfg.Store.DeleteQuota(r.Context(), team); err != nil {
+	if err := a.svc.DeleteQuota(r.Context(), c, team); err != nil {
 		a.writeError(w, r, err)
 		return
 	}

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -18,18 +22,64 @@ type QuotaView struct {
 	Usage store.Usage
 }
 
+// quotas caches each team's own quota (or its absence): every create asks,
+// and the store changes only through SetQuota and DeleteQuota, which drop
+// the entry.
+type quotaCache struct {
+	mu sync.Mutex
+	m  map[string]*store.Quota // nil value: the team has none of its own
+}
+
 // Quota returns the quota that applies to team: its own, else the
 // server's default (Config.TeamQuota).
 func (s *Service) Quota(ctx context.Context, team string) (store.Quota, bool, error) {
-	q, err := s.store.GetQuota(ctx, team)
-	switch {
-	case err == nil:
-		return q, true, nil
-	case errors.Is(err, errdefs.ErrNotFound):
-		return s.cfg.TeamQuota, false, nil
-	default:
-		return q, false, err
+	s.quotas.mu.Lock()
+	q, ok := s.quotas.m[team]
+	s.quotas.mu.Unlock()
+	if !ok {
+		own, err := s.store.GetQuota(ctx, team)
+		switch {
+		case err == nil:
+			q = &own
+		case errors.Is(err, errdefs.ErrNotFound):
+		default:
+			return store.Quota{}, false, err
+		}
+		s.quotas.mu.Lock()
+		if s.quotas.m == nil {
+			s.quotas.m = map[string]*store.Quota{}
+		}
+		s.quotas.m[team] = q
+		s.quotas.mu.Unlock()
 	}
+	if q == nil {
+		return s.cfg.TeamQuota, false, nil
+	}
+	return *q, true, nil
+}
+
+// SetQuota gives team a quota of its own (admin).
+func (s *Service) SetQuota(ctx context.Context, c Caller, team string, q store.Quota) error {
+	if !c.Admin {
+		return errdefs.Newf(errdefs.ErrPermissionDenied, "this call needs an admin key")
+	}
+	defer s.forgetQuota(team)
+	return s.store.PutQuota(ctx, team, q)
+}
+
+// DeleteQuota returns team to the server's default (admin).
+func (s *Service) DeleteQuota(ctx context.Context, c Caller, team string) error {
+	if !c.Admin {
+		return errdefs.Newf(errdefs.ErrPermissionDenied, "this call needs an admin key")
+	}
+	defer s.forgetQuota(team)
+	return s.store.DeleteQuota(ctx, team)
+}
+
+func (s *Service) forgetQuota(team string) {
+	s.quotas.mu.Lock()
+	delete(s.quotas.m, team)
+	s.quotas.mu.Unlock()
 }
 
 // QuotaOf returns team's quota and usage. A team sees only its own; an
@@ -77,11 +127,32 @@ func (s *Service) hostHasRoom() error {
 	if reserve <= 0 {
 		return nil
 	}
-	avail, ok := hostAvailableMB()
+	avail, ok := s.hostMem.availableMB()
 	if !ok || avail >= int64(reserve) {
 		return nil
 	}
 	return errdefs.Unavailable("the host has %d MiB of memory available, below its reserve of %d MiB: no new sandboxes until some stop", avail, reserve)
+}
+
+// memGauge is the host's MemAvailable, read at most every memGaugeTTL (a
+// burst of creates reads it once; memory does not move much in 100 ms).
+type memGauge struct {
+	mu      sync.Mutex
+	at      time.Time
+	availMB int64
+	ok      bool
+}
+
+const memGaugeTTL = 100 * time.Millisecond
+
+func (g *memGauge) availableMB() (int64, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if now := time.Now(); now.Sub(g.at) >= memGaugeTTL {
+		g.availMB, g.ok = hostAvailableMB()
+		g.at = now
+	}
+	return g.availMB, g.ok
 }
 
 // hostAvailableMB reads the host's MemAvailable (false when it cannot).
@@ -90,8 +161,17 @@ func hostAvailableMB() (int64, bool) {
 	if err != nil {
 		return 0, false
 	}
-	v, ok := agentproto.ParseMeminfo(string(b))["MemAvailable"]
-	return v >> 20, ok
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 0 {
+				return 0, false
+			}
+			kb, err := strconv.ParseInt(f[0], 10, 64)
+			return kb >> 10, err == nil
+		}
+	}
+	return 0, false
 }
 
 // DefaultReserveMB is the host memory reserve when none is configured:

@@ -103,6 +103,9 @@ type Service struct {
 	// lastUse is when a request last reached a live sandbox (liveOf, unix
 	// ns): a pool refill that is not urgent waits for a quiet moment.
 	lastUse atomic.Int64
+
+	quotas  quotaCache // teams' own quotas, as the store has them
+	hostMem memGauge   // the host's available memory, for the reserve
 }
 
 func isConflict(err error) bool { return errors.Is(err, errdefs.ErrConflict) }
