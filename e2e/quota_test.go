@@ -150,13 +150,9 @@ func TestHostReserve(t *testing.T) {
 	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{}, &e); code != 503 || e.Error != "unavailable" || !strings.Contains(e.Message, "reserve") {
 		t.Fatalf("create below the reserve: %d %+v", code, e)
 	}
-	deadline := time.Now().Add(time.Minute)
-	for !strings.Contains(s.logText(), "warm pool: not refilling") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the pool did not say it waits:\n%s", s.logText())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitFor(t, "the pool to say it waits", time.Minute, func() bool {
+		return strings.Contains(s.logText(), "warm pool: not refilling")
+	})
 	var list struct{ Sandboxes []sandboxView }
 	s.do("GET", "/v1/sandboxes?state=creating,running,paused,stopping,stopped,error", s.key, nil, &list)
 	if len(list.Sandboxes) != 0 {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 )
 
@@ -30,16 +31,13 @@ type scrubber struct {
 // newScrubber returns the scrubber for the secrets bound to host, or nil
 // when none is.
 func newScrubber(secrets []*boundSecret, host string) *scrubber {
-	var sc scrubber
-	seen := map[string]bool{}
+	type pair struct{ needle, repl string }
+	var pairs []pair
 	add := func(needle, ph string) {
-		if len(needle) < 4 || seen[needle] { // a value that short is not a secret worth matching
-			return
+		// A value that short is not a secret worth matching.
+		if len(needle) >= 4 && !slices.ContainsFunc(pairs, func(p pair) bool { return p.needle == needle }) {
+			pairs = append(pairs, pair{needle, ph})
 		}
-		seen[needle] = true
-		sc.needles = append(sc.needles, []byte(needle))
-		sc.repl = append(sc.repl, []byte(ph))
-		sc.max = max(sc.max, len(needle))
 	}
 	for _, b := range secrets {
 		if !b.matchHost(host) {
@@ -56,18 +54,19 @@ func newScrubber(secrets []*boundSecret, host string) *scrubber {
 			add(strings.ReplaceAll(f, "{value}", v), strings.ReplaceAll(f, "{value}", b.placeholder))
 		}
 	}
-	if len(sc.needles) == 0 {
+	if len(pairs) == 0 {
 		return nil
 	}
 	// Longest first, so a formatted value is replaced whole before the bare
 	// value inside it.
-	for i := 1; i < len(sc.needles); i++ {
-		for j := i; j > 0 && len(sc.needles[j]) > len(sc.needles[j-1]); j-- {
-			sc.needles[j], sc.needles[j-1] = sc.needles[j-1], sc.needles[j]
-			sc.repl[j], sc.repl[j-1] = sc.repl[j-1], sc.repl[j]
-		}
+	slices.SortStableFunc(pairs, func(a, b pair) int { return len(b.needle) - len(a.needle) })
+	sc := &scrubber{}
+	for _, p := range pairs {
+		sc.needles = append(sc.needles, []byte(p.needle))
+		sc.repl = append(sc.repl, []byte(p.repl))
+		sc.max = max(sc.max, len(p.needle))
 	}
-	return &sc
+	return sc
 }
 
 // prepare asks the upstream for a body the scrubber can read.

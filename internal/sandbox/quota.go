@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -157,30 +155,26 @@ func (g *memGauge) availableMB() (int64, bool) {
 
 // hostAvailableMB reads the host's MemAvailable (false when it cannot).
 func hostAvailableMB() (int64, bool) {
+	v, ok := hostMeminfo()["MemAvailable"]
+	return v >> 20, ok
+}
+
+// hostMeminfo is the host's /proc/meminfo in bytes per field (empty when
+// it cannot be read).
+func hostMeminfo() map[string]int64 {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
-		return 0, false
+		return nil
 	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
-			f := strings.Fields(rest)
-			if len(f) == 0 {
-				return 0, false
-			}
-			kb, err := strconv.ParseInt(f[0], 10, 64)
-			return kb >> 10, err == nil
-		}
-	}
-	return 0, false
+	return agentproto.ParseMeminfo(string(b))
 }
 
 // DefaultReserveMB is the host memory reserve when none is configured:
 // 5 % of the host's memory, between 256 MiB and 2 GiB.
 func DefaultReserveMB() int {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
+	total, ok := hostMeminfo()["MemTotal"]
+	if !ok {
 		return 512
 	}
-	total := agentproto.ParseMeminfo(string(b))["MemTotal"] >> 20
-	return int(min(max(total/20, 256), 2048))
+	return int(min(max(total>>20/20, 256), 2048))
 }

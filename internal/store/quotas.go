@@ -52,13 +52,20 @@ func (s *Store) TeamUsage(ctx context.Context, team string) (Usage, error) {
 	return u, nil
 }
 
-// QuotaError is the error of a create a team's quota refuses; it says
+// fits reports whether a team holding u may take n more sandboxes of
+// memoryMB each under q.
+func (q Quota) fits(u Usage, n, memoryMB int) bool {
+	return (q.MaxSandboxes <= 0 || u.Sandboxes+n <= q.MaxSandboxes) &&
+		(q.MaxMemoryMB <= 0 || u.MemoryMB+n*memoryMB <= q.MaxMemoryMB)
+}
+
+// quotaError is the error of a create the team's quota refuses; it says
 // which limit and what the team holds.
-func quotaError(team string, q Quota, u Usage, memoryMB int) error {
-	if q.MaxSandboxes > 0 && u.Sandboxes >= q.MaxSandboxes {
-		return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s has %d of its %d sandboxes (running or paused); stop one first", team, u.Sandboxes, q.MaxSandboxes)
+func quotaError(team string, q Quota, u Usage, n, memoryMB int) error {
+	if q.MaxSandboxes > 0 && u.Sandboxes+n > q.MaxSandboxes {
+		return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s has %d of its %d sandboxes (running or paused); %d more do not fit", team, u.Sandboxes, q.MaxSandboxes, n)
 	}
-	return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s uses %d of its %d MiB of sandbox memory; %d MiB more does not fit", team, u.MemoryMB, q.MaxMemoryMB, memoryMB)
+	return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s uses %d of its %d MiB of sandbox memory; %d MiB more does not fit", team, u.MemoryMB, q.MaxMemoryMB, n*memoryMB)
 }
 
 // CheckQuota returns an ErrQuotaExceeded error if team cannot take n more
@@ -73,11 +80,8 @@ func (s *Store) CheckQuota(ctx context.Context, team string, n, memoryMB int, q 
 	if err != nil {
 		return err
 	}
-	if (q.MaxSandboxes > 0 && u.Sandboxes+n > q.MaxSandboxes) || (q.MaxMemoryMB > 0 && u.MemoryMB+n*memoryMB > q.MaxMemoryMB) {
-		if q.MaxSandboxes > 0 && u.Sandboxes+n > q.MaxSandboxes && u.Sandboxes < q.MaxSandboxes {
-			return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s has %d of its %d sandboxes (running or paused); %d more do not fit", team, u.Sandboxes, q.MaxSandboxes, n)
-		}
-		return quotaError(team, q, u, n*memoryMB)
+	if !q.fits(u, n, memoryMB) {
+		return quotaError(team, q, u, n, memoryMB)
 	}
 	return nil
 }
@@ -89,8 +93,8 @@ func (s *Store) refused(ctx context.Context, team string, memoryMB int, q Quota,
 	if err != nil {
 		return err
 	}
-	if (q.MaxSandboxes > 0 && u.Sandboxes >= q.MaxSandboxes) || (q.MaxMemoryMB > 0 && u.MemoryMB+memoryMB > q.MaxMemoryMB) {
-		return quotaError(team, q, u, memoryMB)
+	if !q.fits(u, 1, memoryMB) {
+		return quotaError(team, q, u, 1, memoryMB)
 	}
 	return other
 }
