@@ -117,6 +117,12 @@ func (c *chunker) next() ([]byte, error) {
 	return chunk, nil
 }
 
+// drained reports whether the chunk next returned last was the stream's
+// final one (false when that is not known yet).
+func (c *chunker) drained() bool {
+	return c.eof && c.start == c.end
+}
+
 // digestOf returns the hex SHA-256 of data.
 func digestOf(data []byte) string {
 	sum := sha256.Sum256(data)

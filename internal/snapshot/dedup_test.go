@@ -2,9 +2,14 @@ package snapshot
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"io"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
 )
 
 func TestCutPoint(t *testing.T) {
@@ -150,5 +155,88 @@ func TestDedupInsert(t *testing.T) {
 	}
 	if d := Diff(m1, m2); len(d) != 1 || d[0].Kind != Modified || d[0].OldSize != int64(len(data)) || d[0].NewSize != int64(len(edited)) {
 		t.Errorf("Diff = %+v", d)
+	}
+}
+
+// TestDedupWithinFile: a file whose chunks repeat while they are still
+// being hashed side by side stores each once and keeps them in order.
+func TestDedupWithinFile(t *testing.T) {
+	s := newStore(t)
+	block := randBytes(7, maxChunk) // cut inside; the cuts fall in step again in each copy
+	data := slices.Concat(block, block, randBytes(8, 3<<20), block, block, block, []byte("tail"))
+	m := mustPutTar(t, s, "rep", mkTar(t, file("f", data)), Meta{})
+	cs := m.Entries[0].Chunks
+	var sum int64
+	uniq := map[string]int64{}
+	for _, c := range cs {
+		if c.Digest == "" {
+			t.Fatalf("chunk without digest: %+v", cs)
+		}
+		sum += c.Size
+		uniq[c.Digest] = c.Size
+	}
+	if sum != int64(len(data)) {
+		t.Errorf("chunks add up to %d, want %d", sum, len(data))
+	}
+	if len(uniq) > len(cs)/2 {
+		t.Errorf("%d chunks, %d distinct: the repeats were not found", len(cs), len(uniq))
+	}
+	r, _, err := s.ReadFile(t.Context(), m, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(readAll(t, r), data) {
+		t.Fatal("file does not read back")
+	}
+	// Stored compressed, but random data barely shrinks: each distinct
+	// chunk once, not each occurrence.
+	var distinct int64
+	for _, n := range uniq {
+		distinct += n
+	}
+	if m.BytesNew > distinct+distinct/50 || m.BytesNew < distinct-distinct/50 {
+		t.Errorf("bytes_new %d, distinct chunks %d bytes (%d chunks, %d distinct)", m.BytesNew, distinct, len(cs), len(uniq))
+	}
+}
+
+// cancelAfter cancels its context once n bytes were read through it.
+type cancelAfter struct {
+	r      io.Reader
+	n      int
+	cancel context.CancelFunc
+}
+
+func (c *cancelAfter) Read(p []byte) (int, error) {
+	k, err := c.r.Read(p)
+	if c.n -= k; c.n <= 0 {
+		c.cancel()
+	}
+	return k, err
+}
+
+// TestPutCanceledMidFile: a cancel while a big file's chunks are being
+// hashed returns the error, leaves nothing and races nothing.
+func TestPutCanceledMidFile(t *testing.T) {
+	s := newStore(t)
+	for _, at := range []int{1 << 20, 9 << 20, 21 << 20} {
+		ctx, cancel := context.WithCancel(t.Context())
+		r := &cancelAfter{r: bytes.NewReader(mkTar(t, file("f", randBytes(9, 32<<20)))), n: at, cancel: cancel}
+		if _, err := s.PutTar(ctx, "c", r, Meta{}); !errors.Is(err, context.Canceled) {
+			t.Errorf("cancel after %d bytes: %v", at, err)
+		}
+		if _, err := s.Open("c"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("canceled Put left a snapshot: %v", err)
+		}
+		cancel()
+	}
+	// The store still works, and the same content goes in whole.
+	data := randBytes(9, 32<<20)
+	m := mustPutTar(t, s, "ok", mkTar(t, file("f", data)), Meta{})
+	r, _, err := s.ReadFile(t.Context(), m, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(readAll(t, r), data) {
+		t.Fatal("file does not read back")
 	}
 }

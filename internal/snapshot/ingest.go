@@ -242,11 +242,42 @@ func (p *putter) finish() error {
 	return syncDir(filepath.Join(p.s.root, chunksDir)) // new <2 hex> dirs
 }
 
+// hashWindow is how many of a file's chunks may be hashed on other
+// goroutines while the next ones are cut.
+const hashWindow = 4
+
+// hashing is one chunk being hashed off the producer: a copy of its data
+// and, once done is closed, its digest.
+type hashing struct {
+	idx    int
+	data   *[]byte // from bufPool
+	digest string
+	done   chan struct{}
+}
+
 // content chunks r and returns its chunk list and length.
-func (p *putter) content(r io.Reader) ([]ChunkRef, int64, error) {
+//
+// Cutting and hashing each cost about as much as the other, so they run
+// side by side: every chunk but a file's last is copied and hashed on its
+// own goroutine (at most hashWindow at a time) while the next is cut, and
+// is stored or found in order afterwards. The last chunk, for most files
+// the only one, is hashed in place without a copy.
+func (p *putter) content(r io.Reader) (refs []ChunkRef, size int64, err error) {
 	p.ck.reset(r)
-	var refs []ChunkRef
-	var size int64
+	var window []*hashing
+	defer func() { // on an early return: wait for the hashers, then reuse their buffers
+		for _, h := range window {
+			<-h.done
+			bufPool.Put(h.data)
+		}
+	}()
+	settle := func() error {
+		h := window[0]
+		window = window[1:]
+		<-h.done
+		refs[h.idx].Digest = h.digest
+		return p.keep(h.digest, *h.data, h.data)
+	}
 	for {
 		if err := p.ctx.Err(); err != nil {
 			return nil, 0, err
@@ -256,29 +287,64 @@ func (p *putter) content(r io.Reader) ([]ChunkRef, int64, error) {
 		}
 		data, err := p.ck.next()
 		if err == io.EOF {
-			return refs, size, nil
+			break
 		}
 		if err != nil {
 			return nil, 0, err
 		}
-		d := digestOf(data)
-		refs = append(refs, ChunkRef{Digest: d, Size: int64(len(data))})
+		refs = append(refs, ChunkRef{Size: int64(len(data))})
 		size += int64(len(data))
-		if p.seen[d] {
+		if p.ck.drained() {
+			d := digestOf(data)
+			refs[len(refs)-1].Digest = d
+			if err := p.keep(d, data, nil); err != nil {
+				return nil, 0, err
+			}
 			continue
-		}
-		p.seen[d] = true
-		if p.s.hasChunk(d) {
-			continue // dedup: already stored
 		}
 		buf := bufPool.Get().(*[]byte)
 		*buf = append((*buf)[:0], data...)
-		select {
-		case p.jobs <- chunkJob{digest: d, data: buf}:
-		case <-p.ctx.Done():
-			bufPool.Put(buf)
-			return nil, 0, p.ctx.Err()
+		h := &hashing{idx: len(refs) - 1, data: buf, done: make(chan struct{})}
+		go func() {
+			h.digest = digestOf(*h.data)
+			close(h.done)
+		}()
+		window = append(window, h)
+		if len(window) == hashWindow {
+			if err := settle(); err != nil {
+				return nil, 0, err
+			}
 		}
+	}
+	for len(window) > 0 {
+		if err := settle(); err != nil {
+			return nil, 0, err
+		}
+	}
+	return refs, size, nil
+}
+
+// keep stores chunk d unless this session or the store already has it.
+// buf, if not nil, holds data and comes from bufPool: keep takes it over.
+func (p *putter) keep(d string, data []byte, buf *[]byte) error {
+	if p.seen[d] || p.s.hasChunk(d) {
+		p.seen[d] = true
+		if buf != nil {
+			bufPool.Put(buf)
+		}
+		return nil // dedup: already stored
+	}
+	p.seen[d] = true
+	if buf == nil {
+		buf = bufPool.Get().(*[]byte)
+		*buf = append((*buf)[:0], data...)
+	}
+	select {
+	case p.jobs <- chunkJob{digest: d, data: buf}:
+		return nil
+	case <-p.ctx.Done():
+		bufPool.Put(buf)
+		return p.ctx.Err()
 	}
 }
 
