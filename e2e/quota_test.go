@@ -8,13 +8,15 @@ import (
 )
 
 type quotaView struct {
-	Team         string `json:"team"`
-	MaxSandboxes int    `json:"max_sandboxes"`
-	MaxMemoryMB  int    `json:"max_memory_mb"`
-	Source       string `json:"source"`
-	Usage        struct {
-		Sandboxes int `json:"sandboxes"`
-		MemoryMB  int `json:"memory_mb"`
+	Team          string `json:"team"`
+	MaxSandboxes  int    `json:"max_sandboxes"`
+	MaxMemoryMB   int    `json:"max_memory_mb"`
+	MaxSnapshotMB int    `json:"max_snapshot_mb"`
+	Source        string `json:"source"`
+	Usage         struct {
+		Sandboxes  int `json:"sandboxes"`
+		MemoryMB   int `json:"memory_mb"`
+		SnapshotMB int `json:"snapshot_mb"`
 	} `json:"usage"`
 }
 
@@ -157,5 +159,140 @@ func TestHostReserve(t *testing.T) {
 	s.do("GET", "/v1/sandboxes?state=creating,running,paused,stopping,stopped,error", s.key, nil, &list)
 	if len(list.Sandboxes) != 0 {
 		t.Errorf("sandboxes after refused creates: %+v", list.Sandboxes)
+	}
+}
+
+// TestSnapshotQuota: a team's snapshot quota counts each distinct chunk of
+// its ready snapshots once, refuses the snapshot after the one that
+// crossed it with 429, and gives the room back when snapshots are deleted.
+func TestSnapshotQuota(t *testing.T) {
+	s := sharedServer(t)
+	key := s.teamKey("snapq")
+	path := "/v1/teams/snapq/quota"
+	var q quotaView
+	if code := s.do("PUT", path, s.key, map[string]int{"max_snapshot_mb": 8}, &q); code != 200 || q.MaxSnapshotMB != 8 || q.Usage.SnapshotMB != 0 {
+		t.Fatalf("set a snapshot quota: %d %+v", code, q)
+	}
+	defer s.do("DELETE", path, s.key, nil, nil)
+	var sb sandboxView
+	if code := s.do("POST", "/v1/sandboxes", key, map[string]any{}, &sb); code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	defer s.do("DELETE", "/v1/sandboxes/"+sb.ID, key, nil, nil)
+	run := func(cmd string) {
+		t.Helper()
+		var res struct {
+			ExitCode int    `json:"exit_code"`
+			Stderr   string `json:"stderr"`
+		}
+		if code := s.do("POST", "/v1/sandboxes/"+sb.ID+"/exec", key, map[string]any{"cmd": cmd}, &res); code != 200 || res.ExitCode != 0 {
+			t.Fatalf("%s: %d %+v", cmd, code, res)
+		}
+	}
+	type snap struct {
+		ID string `json:"id"`
+		apiError
+	}
+	take := func(want int) snap {
+		t.Helper()
+		var sn snap
+		if code := s.do("POST", "/v1/sandboxes/"+sb.ID+"/snapshots", key, map[string]string{"kind": "files"}, &sn); code != want {
+			t.Fatalf("snapshot: %d %+v, want %d", code, sn, want)
+		}
+		return sn
+	}
+	usage := func() int {
+		t.Helper()
+		s.do("GET", path, key, nil, &q)
+		return q.Usage.SnapshotMB
+	}
+
+	run("head -c 3145728 /dev/urandom > a")
+	take(201)
+	u1 := usage()
+	if u1 < 3 || u1 > 5 {
+		t.Fatalf("usage after a 3 MiB file: %d MiB", u1)
+	}
+	take(201) // the same data again: counted once
+	if u := usage(); u != u1 {
+		t.Errorf("usage after an unchanged snapshot: %d MiB, want %d", u, u1)
+	}
+	run("head -c 6291456 /dev/urandom > b")
+	third := take(201) // taken while under the quota, so kept whole
+	if u := usage(); u < u1+6 {
+		t.Errorf("usage after 6 MiB more: %d MiB", u)
+	}
+	refused := take(429)
+	if refused.Error != "quota_exceeded" || !strings.Contains(refused.Message, "8 MiB") {
+		t.Errorf("refusal: %+v", refused)
+	}
+	t.Logf("refused: %s", refused.Message)
+	var list struct{ Snapshots []struct{ ID string } }
+	s.do("GET", "/v1/sandboxes/"+sb.ID+"/snapshots", key, nil, &list)
+	if len(list.Snapshots) != 3 {
+		t.Errorf("timeline after a refusal: %+v (the refused one must leave nothing)", list)
+	}
+	// Another team is not limited by this one's quota.
+	other := s.teamKey("snapq-other")
+	var osb sandboxView
+	if code := s.do("POST", "/v1/sandboxes", other, map[string]any{}, &osb); code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	defer s.do("DELETE", "/v1/sandboxes/"+osb.ID, other, nil, nil)
+	if code := s.do("POST", "/v1/sandboxes/"+osb.ID+"/snapshots", other, map[string]string{"kind": "files"}, nil); code != 201 {
+		t.Errorf("another team's snapshot: %d", code)
+	}
+	// Deleting the snapshot that held b gives its room back.
+	if code := s.do("DELETE", "/v1/snapshots/"+third.ID, key, nil, nil); code != 204 {
+		t.Fatalf("delete snapshot: %d", code)
+	}
+	if u := usage(); u != u1 {
+		t.Errorf("usage after deleting the third snapshot: %d MiB, want %d", u, u1)
+	}
+	take(201)
+}
+
+// TestDiskReserve: below the disk reserve a server refuses new sandboxes
+// and snapshots with 507 insufficient_storage, leaves running sandboxes
+// alone, and its pool does not boot more.
+func TestDiskReserve(t *testing.T) {
+	s := startServer(t, "", "--pool-size", "-1")
+	var sb sandboxView
+	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{}, &sb); code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	// Restart with a reserve larger than any disk.
+	s.stop(false)
+	s.extra = []string{"--reserve-disk-mb", "100000000", "--pool-size", "1"}
+	s.start()
+	var e apiError
+	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{}, &e); code != 507 || e.Error != "insufficient_storage" || !strings.Contains(e.Message, "reserve") {
+		t.Fatalf("create below the disk reserve: %d %+v", code, e)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+sb.ID+"/snapshots", s.key, map[string]string{"kind": "files"}, &e); code != 507 || e.Error != "insufficient_storage" {
+		t.Errorf("snapshot below the disk reserve: %d %+v", code, e)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+sb.ID+"/fork", s.key, map[string]int{"count": 1}, &e); code != 507 {
+		t.Errorf("fork below the disk reserve: %d %+v", code, e)
+	}
+	var res struct {
+		ExitCode int `json:"exit_code"`
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+sb.ID+"/exec", s.key, map[string]any{"cmd": "true"}, &res); code != 200 || res.ExitCode != 0 {
+		t.Errorf("the running sandbox stopped answering: %d", code)
+	}
+	var list struct{ Snapshots []struct{ ID string } }
+	s.do("GET", "/v1/sandboxes/"+sb.ID+"/snapshots", s.key, nil, &list)
+	if len(list.Snapshots) != 0 {
+		t.Errorf("refused snapshots left records: %+v", list)
+	}
+	waitFor(t, "the pool to say it waits", time.Minute, func() bool {
+		return strings.Contains(s.logText(), "warm pool: not refilling")
+	})
+	if n := metric(t, s, `space_snapshots_refused_total{reason="disk"}`); n != 1 {
+		t.Errorf("snapshots refused for disk: %v, want 1", n)
+	}
+	if n := metric(t, s, `space_sandbox_creates_refused_total{reason="disk"}`); n != 2 {
+		t.Errorf("creates refused for disk: %v, want 2 (a create and a fork)", n)
 	}
 }

@@ -40,6 +40,8 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "pool-drivers", env: "SPACE_POOL_DRIVERS", usage: "warm pools on more drivers, DRIVER=N[:MEMORY_MB],… e.g. qemu=2 (needs the driver in --drivers; QEMU pools refill by restoring a post-boot checkpoint; an entry for the default driver replaces --pool-size)", str: &cfg.PoolDrivers},
 		{name: "team-max-sandboxes", env: "SPACE_TEAM_MAX_SANDBOXES", usage: "sandboxes a team may hold at once, running or paused, unless it has a quota of its own (default 0: no limit)", num: &cfg.TeamMaxSandboxes},
 		{name: "team-max-memory-mb", env: "SPACE_TEAM_MAX_MEMORY_MB", usage: "memory in MiB a team's sandboxes may hold together, unless it has a quota of its own (default 0: no limit)", num: &cfg.TeamMaxMemoryMB},
+		{name: "team-max-snapshot-mb", env: "SPACE_TEAM_MAX_SNAPSHOT_MB", usage: "data in MiB a team's snapshots may hold, unless it has a quota of its own (default 0: no limit)", num: &cfg.TeamMaxSnapshotMB},
+		{name: "reserve-disk-mb", env: "SPACE_RESERVE_DISK_MB", usage: "free disk kept under --data: below it creates and snapshots are refused and pools wait (default 5% of the filesystem, 512-10240; -1 off)", num: &cfg.ReserveDiskMB},
 		{name: "reserve-memory-mb", env: "SPACE_RESERVE_MEMORY_MB", usage: "host memory kept free: below it creates are refused and pools wait (default 5% of the host, 256-2048; -1 off)", num: &cfg.ReserveMemoryMB},
 		{name: "snapshot-interval", env: "SPACE_SNAPSHOT_INTERVAL", usage: "seconds between automatic files snapshots of a changing sandbox; -1 turns them off (default 300)", num: &cfg.SnapshotIntervalS},
 		{name: "retention-days", env: "SPACE_RETENTION_DAYS", usage: "how long snapshot history is kept, thinned hourly then daily (default 7)", num: &cfg.RetentionDays},

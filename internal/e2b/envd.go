@@ -159,7 +159,7 @@ func connectError(err error) error {
 		code = connect.CodePermissionDenied
 	case errors.Is(err, errdefs.ErrConflict):
 		code = connect.CodeFailedPrecondition
-	case errors.Is(err, errdefs.ErrTooLarge):
+	case errors.Is(err, errdefs.ErrTooLarge), errors.Is(err, errdefs.ErrNoStorage):
 		code = connect.CodeResourceExhausted
 	case errors.Is(err, errdefs.ErrNotSupported):
 		code = connect.CodeUnimplemented

@@ -13,19 +13,20 @@ import (
 
 // The error classes. Each maps to one HTTP status and one machine code.
 var (
-	ErrInvalidArgument  = errors.New("invalid argument")   // 400 invalid_argument
-	ErrUnauthenticated  = errors.New("unauthenticated")    // 401 unauthenticated
-	ErrPermissionDenied = errors.New("permission denied")  // 403 permission_denied
-	ErrNotFound         = errors.New("not found")          // 404 not_found
-	ErrConflict         = errors.New("conflict")           // 409 conflict (illegal state transition, already exists)
-	ErrTooLarge         = errors.New("too large")          // 413 too_large
-	ErrMethodNotAllowed = errors.New("method not allowed") // 405 method_not_allowed
-	ErrUpgradeRequired  = errors.New("upgrade required")   // 426 upgrade_required
-	ErrQuotaExceeded    = errors.New("quota exceeded")     // 429 quota_exceeded (a team's limit)
-	ErrUnavailable      = errors.New("unavailable")        // 503 unavailable (not ready, retry later)
-	ErrNotSupported     = errors.New("not supported")      // 501 not_supported (driver lacks a capability)
-	ErrDeadline         = errors.New("deadline exceeded")  // 504 deadline_exceeded
-	ErrInternal         = errors.New("internal error")     // 500 internal
+	ErrInvalidArgument  = errors.New("invalid argument")     // 400 invalid_argument
+	ErrUnauthenticated  = errors.New("unauthenticated")      // 401 unauthenticated
+	ErrPermissionDenied = errors.New("permission denied")    // 403 permission_denied
+	ErrNotFound         = errors.New("not found")            // 404 not_found
+	ErrConflict         = errors.New("conflict")             // 409 conflict (illegal state transition, already exists)
+	ErrTooLarge         = errors.New("too large")            // 413 too_large
+	ErrMethodNotAllowed = errors.New("method not allowed")   // 405 method_not_allowed
+	ErrUpgradeRequired  = errors.New("upgrade required")     // 426 upgrade_required
+	ErrQuotaExceeded    = errors.New("quota exceeded")       // 429 quota_exceeded (a team's limit)
+	ErrNoStorage        = errors.New("insufficient storage") // 507 insufficient_storage (the host's disk is below its reserve)
+	ErrUnavailable      = errors.New("unavailable")          // 503 unavailable (not ready, retry later)
+	ErrNotSupported     = errors.New("not supported")        // 501 not_supported (driver lacks a capability)
+	ErrDeadline         = errors.New("deadline exceeded")    // 504 deadline_exceeded
+	ErrInternal         = errors.New("internal error")       // 500 internal
 )
 
 // Classes lists every class with its machine code and HTTP status, in the
@@ -46,6 +47,7 @@ var Classes = []struct {
 	{ErrQuotaExceeded, "quota_exceeded", 429},
 	{ErrNotSupported, "not_supported", 501},
 	{ErrUnavailable, "unavailable", 503},
+	{ErrNoStorage, "insufficient_storage", 507},
 	{ErrDeadline, "deadline_exceeded", 504},
 	{ErrInternal, "internal", 500},
 }

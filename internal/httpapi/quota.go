@@ -11,21 +11,24 @@ import (
 // Largest limits a quota may name (beyond them a limit means nothing on
 // one host, and a typo should not read as "unlimited").
 const (
-	maxQuotaSandboxes = 100000
-	maxQuotaMemoryMB  = 1 << 30
+	maxQuotaSandboxes  = 100000
+	maxQuotaMemoryMB   = 1 << 30
+	maxQuotaSnapshotMB = 1 << 40
 )
 
 type quotaView struct {
-	Team         string        `json:"team"`
-	MaxSandboxes int           `json:"max_sandboxes"` // 0: no limit
-	MaxMemoryMB  int           `json:"max_memory_mb"` // 0: no limit
-	Source       string        `json:"source"`        // "team" (its own) or "default" (the server's)
-	Usage        teamUsageView `json:"usage"`
+	Team          string        `json:"team"`
+	MaxSandboxes  int           `json:"max_sandboxes"`   // 0: no limit
+	MaxMemoryMB   int           `json:"max_memory_mb"`   // 0: no limit
+	MaxSnapshotMB int           `json:"max_snapshot_mb"` // 0: no limit
+	Source        string        `json:"source"`          // "team" (its own) or "default" (the server's)
+	Usage         teamUsageView `json:"usage"`
 }
 
 type teamUsageView struct {
-	Sandboxes int `json:"sandboxes"`
-	MemoryMB  int `json:"memory_mb"`
+	Sandboxes  int   `json:"sandboxes"`
+	MemoryMB   int   `json:"memory_mb"`
+	SnapshotMB int64 `json:"snapshot_mb"` // rounded up
 }
 
 func viewQuota(v sandbox.QuotaView) quotaView {
@@ -33,8 +36,8 @@ func viewQuota(v sandbox.QuotaView) quotaView {
 	if v.Own {
 		src = "team"
 	}
-	return quotaView{Team: v.Team, MaxSandboxes: v.Quota.MaxSandboxes, MaxMemoryMB: v.Quota.MaxMemoryMB, Source: src,
-		Usage: teamUsageView{Sandboxes: v.Usage.Sandboxes, MemoryMB: v.Usage.MemoryMB}}
+	return quotaView{Team: v.Team, MaxSandboxes: v.Quota.MaxSandboxes, MaxMemoryMB: v.Quota.MaxMemoryMB, MaxSnapshotMB: v.Quota.MaxSnapshotMB,
+		Source: src, Usage: teamUsageView{Sandboxes: v.Usage.Sandboxes, MemoryMB: v.Usage.MemoryMB, SnapshotMB: (v.SnapshotBytes + 1<<20 - 1) >> 20}}
 }
 
 // teamOf reads and checks the {team} path value.
@@ -85,15 +88,16 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		return
 	}
 	var req struct {
-		MaxSandboxes *int `json:"max_sandboxes"`
-		MaxMemoryMB  *int `json:"max_memory_mb"`
+		MaxSandboxes  *int `json:"max_sandboxes"`
+		MaxMemoryMB   *int `json:"max_memory_mb"`
+		MaxSnapshotMB *int `json:"max_snapshot_mb"`
 	}
 	if err := decode(r, &req); err != nil {
 		a.writeError(w, r, err)
 		return
 	}
-	if req.MaxSandboxes == nil && req.MaxMemoryMB == nil {
-		a.writeError(w, r, errdefs.InvalidArgument("give max_sandboxes, max_memory_mb or both (0: no limit); DELETE returns the team to the server's default"))
+	if req.MaxSandboxes == nil && req.MaxMemoryMB == nil && req.MaxSnapshotMB == nil {
+		a.writeError(w, r, errdefs.InvalidArgument("give max_sandboxes, max_memory_mb, max_snapshot_mb or some of them (0: no limit); DELETE returns the team to the server's default"))
 		return
 	}
 	var q store.Quota
@@ -102,7 +106,11 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		v    *int
 		max  int
 		dst  *int
-	}{{"max_sandboxes", req.MaxSandboxes, maxQuotaSandboxes, &q.MaxSandboxes}, {"max_memory_mb", req.MaxMemoryMB, maxQuotaMemoryMB, &q.MaxMemoryMB}} {
+	}{
+		{"max_sandboxes", req.MaxSandboxes, maxQuotaSandboxes, &q.MaxSandboxes},
+		{"max_memory_mb", req.MaxMemoryMB, maxQuotaMemoryMB, &q.MaxMemoryMB},
+		{"max_snapshot_mb", req.MaxSnapshotMB, maxQuotaSnapshotMB, &q.MaxSnapshotMB},
+	} {
 		if f.v == nil {
 			continue // a limit not given is no limit
 		}

@@ -22,9 +22,13 @@ type Metrics struct {
 	// reached its memory (driver.MemoryWatcher).
 	OOMKills prometheus.Counter
 	// CreatesRefused counts creates, forks and restores refused before any
-	// work, by reason: "team" (its quota) or "host" (memory below the
-	// reserve).
+	// work, by reason: "team" (its quota), "host" (memory below the
+	// reserve) or "disk" (free disk below the reserve).
 	CreatesRefused *prometheus.CounterVec
+	// SnapshotsRefused counts snapshots (asked for, automatic, on pause)
+	// refused before any work, by reason: "team" (its snapshot quota) or
+	// "disk".
+	SnapshotsRefused *prometheus.CounterVec
 }
 
 // NewMetrics registers the service's instruments on reg. The sandbox count
@@ -52,10 +56,13 @@ func NewMetrics(reg prometheus.Registerer, counts func(context.Context) (map[str
 			Namespace: "space", Name: "sandbox_oom_kills_total", Help: "Processes killed because their sandbox reached its memory (the sandbox lives on).",
 		}),
 		CreatesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "space", Name: "sandbox_creates_refused_total", Help: "Creates, forks and restores refused by a team's quota (team) or the host's memory reserve (host).",
+			Namespace: "space", Name: "sandbox_creates_refused_total", Help: "Creates, forks and restores refused by a team's quota (team), the host's memory reserve (host) or its disk reserve (disk).",
+		}, []string{"reason"}),
+		SnapshotsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "space", Name: "snapshots_refused_total", Help: "Snapshots refused by a team's snapshot quota (team) or the disk reserve (disk).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency, m.PoolRefills, m.PoolImage, m.OOMKills, m.CreatesRefused)
+	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency, m.PoolRefills, m.PoolImage, m.OOMKills, m.CreatesRefused, m.SnapshotsRefused)
 	if counts != nil {
 		reg.MustRegister(&stateCollector{counts: counts, desc: prometheus.NewDesc("space_sandboxes", "Sandboxes by state.", []string{"state"}, nil)})
 	}

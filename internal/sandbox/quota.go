@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/store"
@@ -18,6 +20,9 @@ type QuotaView struct {
 	Quota store.Quota
 	Own   bool // set for the team (else the server's default)
 	Usage store.Usage
+	// SnapshotBytes is the data the team's snapshots hold (each distinct
+	// chunk once, before compression): what MaxSnapshotMB limits.
+	SnapshotBytes int64
 }
 
 // quotas caches each team's own quota (or its absence): every create asks,
@@ -94,7 +99,11 @@ func (s *Service) QuotaOf(ctx context.Context, c Caller, team string) (QuotaView
 	if err != nil {
 		return QuotaView{}, err
 	}
-	return QuotaView{Team: team, Quota: q, Own: own, Usage: u}, nil
+	sb, err := s.snapshotBytes(ctx, team)
+	if err != nil {
+		return QuotaView{}, err
+	}
+	return QuotaView{Team: team, Quota: q, Own: own, Usage: u, SnapshotBytes: sb}, nil
 }
 
 // admit checks, before a create does any work, that team may take n more
@@ -111,7 +120,11 @@ func (s *Service) admit(ctx context.Context, team string, n, memoryMB int) (stor
 		return q, err
 	}
 	if err := s.hostHasRoom(); err != nil {
-		s.metrics.CreatesRefused.WithLabelValues("host").Inc()
+		reason := "host"
+		if errors.Is(err, errdefs.ErrNoStorage) {
+			reason = "disk"
+		}
+		s.metrics.CreatesRefused.WithLabelValues(reason).Inc()
 		return q, err
 	}
 	return q, nil
@@ -119,17 +132,64 @@ func (s *Service) admit(ctx context.Context, team string, n, memoryMB int) (stor
 
 // hostHasRoom refuses new sandboxes while the host's available memory is
 // below the reserve (Config.ReserveMemoryMB): past it the kernel's OOM
-// killer would pick among the running sandboxes and the server.
+// killer would pick among the running sandboxes and the server. The same
+// goes for free disk (diskHasRoom).
 func (s *Service) hostHasRoom() error {
-	reserve := s.cfg.ReserveMemoryMB
+	if reserve := s.cfg.ReserveMemoryMB; reserve > 0 {
+		if avail, ok := s.hostMem.availableMB(); ok && avail < int64(reserve) {
+			return errdefs.Unavailable("the host has %d MiB of memory available, below its reserve of %d MiB: no new sandboxes until some stop", avail, reserve)
+		}
+	}
+	return s.diskHasRoom()
+}
+
+// diskHasRoom refuses work that fills the data directory's filesystem
+// (new sandboxes' writable layers, snapshots) while its free space is below
+// the reserve (Config.ReserveDiskMB): past it the database, the chunk store
+// and every sandbox's writes would fail alike.
+func (s *Service) diskHasRoom() error {
+	reserve := s.cfg.ReserveDiskMB
 	if reserve <= 0 {
 		return nil
 	}
-	avail, ok := s.hostMem.availableMB()
+	avail, ok := s.hostDisk.availableMB(s.cfg.DataDir)
 	if !ok || avail >= int64(reserve) {
 		return nil
 	}
-	return errdefs.Unavailable("the host has %d MiB of memory available, below its reserve of %d MiB: no new sandboxes until some stop", avail, reserve)
+	return errdefs.Newf(errdefs.ErrNoStorage, "the server's disk has %d MiB free, below its reserve of %d MiB: no new sandboxes or snapshots until space is freed", avail, reserve)
+}
+
+// diskGauge is the free space under a directory, read at most every
+// diskGaugeTTL.
+type diskGauge struct {
+	mu      sync.Mutex
+	at      time.Time
+	availMB int64
+	ok      bool
+}
+
+const diskGaugeTTL = time.Second
+
+func (g *diskGauge) availableMB(dir string) (int64, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if now := time.Now(); now.Sub(g.at) >= diskGaugeTTL {
+		var st unix.Statfs_t
+		g.ok = unix.Statfs(dir, &st) == nil
+		g.availMB = int64(st.Bavail) * st.Bsize >> 20
+		g.at = now
+	}
+	return g.availMB, g.ok
+}
+
+// DefaultReserveDiskMB is the disk reserve when none is configured: 5 % of
+// dir's filesystem, between 512 MiB and 10 GiB.
+func DefaultReserveDiskMB(dir string) int {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 1024
+	}
+	return int(min(max(int64(st.Blocks)*st.Bsize>>20/20, 512), 10240))
 }
 
 // memGauge is the host's MemAvailable, read at most every memGaugeTTL (a

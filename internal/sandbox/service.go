@@ -60,6 +60,10 @@ type Config struct {
 	// ReserveMemoryMB is the host memory (MemAvailable) kept free: below it
 	// creates are refused and pools do not refill. 0: no reserve.
 	ReserveMemoryMB int
+	// ReserveDiskMB is the free space kept on DataDir's filesystem: below
+	// it creates and snapshots are refused (507) and pools do not refill.
+	// 0: no reserve.
+	ReserveDiskMB int
 	// StoppedRetention is how long records of stopped sandboxes are kept.
 	StoppedRetention time.Duration
 	// Rootfs resolves a template into what a driver boots (path and
@@ -104,8 +108,10 @@ type Service struct {
 	// ns): a pool refill that is not urgent waits for a quiet moment.
 	lastUse atomic.Int64
 
-	quotas  quotaCache // teams' own quotas, as the store has them
-	hostMem memGauge   // the host's available memory, for the reserve
+	quotas   quotaCache // teams' own quotas, as the store has them
+	hostMem  memGauge   // the host's available memory, for the reserve
+	hostDisk diskGauge  // free space under DataDir, for the disk reserve
+	snapUse  snapUsage  // teams' snapshot data, for their snapshot quotas
 }
 
 func isConflict(err error) bool { return errors.Is(err, errdefs.ErrConflict) }

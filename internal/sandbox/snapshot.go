@@ -110,6 +110,12 @@ func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name
 			return store.Snapshot{}, err
 		}
 	}
+	if err := s.snapshotRoom(ctx, sb.Team); err != nil {
+		if automatic {
+			s.log.Warn("automatic snapshot skipped", "sandbox", sb.ID, "kind", kind, "err", err)
+		}
+		return store.Snapshot{}, err
+	}
 	var cp driver.Checkpointer
 	if kind == KindCheckpoint {
 		var ok bool

@@ -38,12 +38,17 @@ type Config struct {
 	PoolDrivers string
 	// Admission. A team without a quota of its own (PUT
 	// /v1/teams/{team}/quota) gets these; 0 is no limit.
-	TeamMaxSandboxes int // --team-max-sandboxes: sandboxes held at once, running or paused (default 0: none)
-	TeamMaxMemoryMB  int // --team-max-memory-mb: the sum of their memory (default 0: none)
+	TeamMaxSandboxes  int // --team-max-sandboxes: sandboxes held at once, running or paused (default 0: none)
+	TeamMaxMemoryMB   int // --team-max-memory-mb: the sum of their memory (default 0: none)
+	TeamMaxSnapshotMB int // --team-max-snapshot-mb: data its snapshots hold (default 0: none)
 	// ReserveMemoryMB is host memory (MemAvailable) kept free: below it new
 	// sandboxes are refused (--reserve-memory-mb; default 5 % of the host,
 	// 256 MiB to 2 GiB; -1 off).
 	ReserveMemoryMB int
+	// ReserveDiskMB is free space kept on the data directory's filesystem:
+	// below it new sandboxes and snapshots are refused (--reserve-disk-mb;
+	// default 5 % of the filesystem, 512 MiB to 10 GiB; -1 off).
+	ReserveDiskMB int
 	// Snapshots.
 	SnapshotIntervalS int    // --snapshot-interval: automatic files snapshots (default 300; -1 off)
 	RetentionDays     int    // --retention-days (default 7)
@@ -123,13 +128,18 @@ func (c *Config) Validate() error {
 	for _, f := range []struct {
 		flag string
 		v    int
-	}{{"--team-max-sandboxes", c.TeamMaxSandboxes}, {"--team-max-memory-mb", c.TeamMaxMemoryMB}} {
+	}{{"--team-max-sandboxes", c.TeamMaxSandboxes}, {"--team-max-memory-mb", c.TeamMaxMemoryMB}, {"--team-max-snapshot-mb", c.TeamMaxSnapshotMB}} {
 		if f.v < 0 {
 			return fmt.Errorf("%s %d: want 0 (no limit) or more", f.flag, f.v)
 		}
 	}
-	if c.ReserveMemoryMB < -1 {
-		return fmt.Errorf("--reserve-memory-mb %d: want -1 (off), 0 (the default) or more", c.ReserveMemoryMB)
+	for _, f := range []struct {
+		flag string
+		v    int
+	}{{"--reserve-memory-mb", c.ReserveMemoryMB}, {"--reserve-disk-mb", c.ReserveDiskMB}} {
+		if f.v < -1 {
+			return fmt.Errorf("%s %d: want -1 (off), 0 (the default) or more", f.flag, f.v)
+		}
 	}
 	for _, f := range []struct{ flag, v string }{
 		{"--checkpoint-on-pause", c.CheckpointOnPause},

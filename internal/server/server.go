@@ -126,8 +126,9 @@ func Run(ctx context.Context, cfg Config) error {
 		DefaultDriver: cfg.Driver, DefaultTemplate: cfg.DefaultTemplate,
 		DefaultTimeout:  time.Duration(cfg.DefaultTimeoutS) * time.Second,
 		MaxTimeout:      time.Duration(cfg.MaxTimeoutS) * time.Second,
-		TeamQuota:       store.Quota{MaxSandboxes: cfg.TeamMaxSandboxes, MaxMemoryMB: cfg.TeamMaxMemoryMB},
-		ReserveMemoryMB: reserveMB(cfg.ReserveMemoryMB),
+		TeamQuota:       store.Quota{MaxSandboxes: cfg.TeamMaxSandboxes, MaxMemoryMB: cfg.TeamMaxMemoryMB, MaxSnapshotMB: cfg.TeamMaxSnapshotMB},
+		ReserveMemoryMB: reserveMB(cfg.ReserveMemoryMB, sandbox.DefaultReserveMB),
+		ReserveDiskMB:   reserveMB(cfg.ReserveDiskMB, func() int { return sandbox.DefaultReserveDiskMB(cfg.DataDir) }),
 		// Each driver gets the template in the form it boots: the
 		// directory for gVisor, a raw ext4 image (built once per template
 		// digest) for VMs.
@@ -375,11 +376,11 @@ func poolConfigs(cfg Config, specs []PoolSpec) []sandbox.PoolConfig {
 // without KVM, so it stays off.
 func refillsFromImage(drv string) bool { return drv == qemu.Name }
 
-// reserveMB resolves --reserve-memory-mb: 0 is the default, -1 off.
-func reserveMB(flag int) int {
+// reserveMB resolves a --reserve-*-mb flag: 0 is the default (def), -1 off.
+func reserveMB(flag int, def func() int) int {
 	switch {
 	case flag == 0:
-		return sandbox.DefaultReserveMB()
+		return def()
 	case flag < 0:
 		return 0
 	}

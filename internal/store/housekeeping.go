@@ -74,7 +74,7 @@ func (s *Store) ClaimSandboxWithin(ctx context.Context, sb Sandbox, q Quota) err
 		WHERE id = ? AND state = 'pooled'`
 	args := []any{sb.Team, env, md, sb.TimeoutS, sb.OnTimeout, toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt),
 		sb.SnapshotIntervalS, sb.RetentionDays, sb.ID}
-	if !q.Unlimited() {
+	if !q.SandboxesUnlimited() {
 		query += ` AND ` + withinSQL
 		args = append(args, withinArgs(sb.Team, sb.MemoryMB, q)...)
 	}
@@ -84,7 +84,7 @@ func (s *Store) ClaimSandboxWithin(ctx context.Context, sb Sandbox, q Quota) err
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		notPooled := errdefs.Conflict("sandbox %s is not pooled", sb.ID)
-		if q.Unlimited() {
+		if q.SandboxesUnlimited() {
 			return notPooled
 		}
 		return s.refused(ctx, sb.Team, sb.MemoryMB, q, notPooled)

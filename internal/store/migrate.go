@@ -124,6 +124,10 @@ CREATE TABLE team_quotas (
 );
 CREATE INDEX sandboxes_live_team ON sandboxes(team) WHERE state IN ('creating', 'running', 'paused', 'stopping');
 `,
+	// 6: a team's limit on the data its snapshots hold.
+	`
+ALTER TABLE team_quotas ADD COLUMN max_snapshot_mb INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

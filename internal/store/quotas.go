@@ -12,12 +12,14 @@ import (
 
 // Quota limits what one team holds at once. A zero field is no limit.
 type Quota struct {
-	MaxSandboxes int // sandboxes holding host resources (creating, running, paused, stopping)
-	MaxMemoryMB  int // the sum of their memory
+	MaxSandboxes  int // sandboxes holding host resources (creating, running, paused, stopping)
+	MaxMemoryMB   int // the sum of their memory
+	MaxSnapshotMB int // distinct data its snapshots hold (checked by the service before each snapshot)
 }
 
-// Unlimited reports whether q limits nothing.
-func (q Quota) Unlimited() bool { return q.MaxSandboxes <= 0 && q.MaxMemoryMB <= 0 }
+// SandboxesUnlimited reports whether q limits neither the number of
+// sandboxes nor their memory (what a create checks).
+func (q Quota) SandboxesUnlimited() bool { return q.MaxSandboxes <= 0 && q.MaxMemoryMB <= 0 }
 
 // Usage is what a team holds now, counted as a Quota counts.
 type Usage struct {
@@ -73,7 +75,7 @@ func quotaError(team string, q Quota, u Usage, n, memoryMB int) error {
 // may still lose a race): CreateSandboxWithin and ClaimSandboxWithin
 // decide.
 func (s *Store) CheckQuota(ctx context.Context, team string, n, memoryMB int, q Quota) error {
-	if q.Unlimited() {
+	if q.SandboxesUnlimited() {
 		return nil
 	}
 	u, err := s.TeamUsage(ctx, team)
@@ -103,7 +105,7 @@ func (s *Store) refused(ctx context.Context, team string, memoryMB int, q Quota,
 // team has none (the server's default applies).
 func (s *Store) GetQuota(ctx context.Context, team string) (Quota, error) {
 	var q Quota
-	err := s.r.QueryRowContext(ctx, `SELECT max_sandboxes, max_memory_mb FROM team_quotas WHERE team = ?`, team).Scan(&q.MaxSandboxes, &q.MaxMemoryMB)
+	err := s.r.QueryRowContext(ctx, `SELECT max_sandboxes, max_memory_mb, max_snapshot_mb FROM team_quotas WHERE team = ?`, team).Scan(&q.MaxSandboxes, &q.MaxMemoryMB, &q.MaxSnapshotMB)
 	if errors.Is(err, sql.ErrNoRows) {
 		return q, errdefs.NotFound("team %s has no quota of its own", team)
 	}
@@ -115,12 +117,13 @@ func (s *Store) GetQuota(ctx context.Context, team string) (Quota, error) {
 
 // PutQuota sets team's quota (replacing the server's default for it).
 func (s *Store) PutQuota(ctx context.Context, team string, q Quota) error {
-	if team == "" || q.MaxSandboxes < 0 || q.MaxMemoryMB < 0 {
+	if team == "" || q.MaxSandboxes < 0 || q.MaxMemoryMB < 0 || q.MaxSnapshotMB < 0 {
 		return errdefs.InvalidArgument("quota needs a team and limits of 0 (none) or more")
 	}
-	_, err := s.w.ExecContext(ctx, `INSERT INTO team_quotas(team, max_sandboxes, max_memory_mb, updated_at) VALUES (?, ?, ?, ?)
-		ON CONFLICT(team) DO UPDATE SET max_sandboxes = excluded.max_sandboxes, max_memory_mb = excluded.max_memory_mb, updated_at = excluded.updated_at`,
-		team, q.MaxSandboxes, q.MaxMemoryMB, toNanos(time.Now()))
+	_, err := s.w.ExecContext(ctx, `INSERT INTO team_quotas(team, max_sandboxes, max_memory_mb, max_snapshot_mb, updated_at) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT(team) DO UPDATE SET max_sandboxes = excluded.max_sandboxes, max_memory_mb = excluded.max_memory_mb,
+		max_snapshot_mb = excluded.max_snapshot_mb, updated_at = excluded.updated_at`,
+		team, q.MaxSandboxes, q.MaxMemoryMB, q.MaxSnapshotMB, toNanos(time.Now()))
 	return classify(err, "quota of team "+team)
 }
 

@@ -19,14 +19,16 @@ func TestQuotaCRUD(t *testing.T) {
 	if err := s.PutQuota(ctx, "t1", Quota{MaxSandboxes: 3, MaxMemoryMB: 1024}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.PutQuota(ctx, "t1", Quota{MaxSandboxes: 4}); err != nil {
+	if err := s.PutQuota(ctx, "t1", Quota{MaxSandboxes: 4, MaxSnapshotMB: 2048}); err != nil {
 		t.Fatal(err)
 	}
-	if q, err := s.GetQuota(ctx, "t1"); err != nil || q != (Quota{MaxSandboxes: 4}) {
+	if q, err := s.GetQuota(ctx, "t1"); err != nil || q != (Quota{MaxSandboxes: 4, MaxSnapshotMB: 2048}) {
 		t.Fatalf("GetQuota = %+v, %v; want the replaced quota", q, err)
 	}
-	if err := s.PutQuota(ctx, "t1", Quota{MaxSandboxes: -1}); !errors.Is(err, errdefs.ErrInvalidArgument) {
-		t.Fatalf("negative limit: %v", err)
+	for _, q := range []Quota{{MaxSandboxes: -1}, {MaxSnapshotMB: -1}} {
+		if err := s.PutQuota(ctx, "t1", q); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Fatalf("negative limit %+v: %v", q, err)
+		}
 	}
 	if err := s.DeleteQuota(ctx, "t1"); err != nil {
 		t.Fatal(err)

@@ -123,7 +123,7 @@ func (s *Store) CreateSandboxWithin(ctx context.Context, sb Sandbox, q Quota) er
 		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt), toNullNanos(sb.StoppedAt),
 		sb.SnapshotIntervalS, sb.RetentionDays}
 	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
-	if q.Unlimited() {
+	if q.SandboxesUnlimited() {
 		_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES (`+values+`)`, args...)
 		return classify(err, "sandbox "+sb.ID)
 	}

@@ -87,11 +87,26 @@ func (s *Store) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
 // ListSnapshots returns the snapshots of a sandbox (sandboxID != "") or of
 // every sandbox, oldest first, optionally only those with a status.
 func (s *Store) ListSnapshots(ctx context.Context, sandboxID, status string) ([]Snapshot, error) {
+	return s.listSnapshots(ctx, "sandbox_id", sandboxID, status)
+}
+
+// TeamSnapshots returns the snapshots team owns, oldest first, optionally
+// only those with a status.
+func (s *Store) TeamSnapshots(ctx context.Context, team, status string) ([]Snapshot, error) {
+	if team == "" {
+		return nil, nil
+	}
+	return s.listSnapshots(ctx, "team", team, status)
+}
+
+// listSnapshots lists snapshots whose column col is value (any when value
+// is empty) and, if status is set, have that status.
+func (s *Store) listSnapshots(ctx context.Context, col, value, status string) ([]Snapshot, error) {
 	q := `SELECT ` + snapshotCols + ` FROM snapshots WHERE 1=1`
 	var args []any
-	if sandboxID != "" {
-		q += ` AND sandbox_id = ?`
-		args = append(args, sandboxID)
+	if value != "" {
+		q += ` AND ` + col + ` = ?`
+		args = append(args, value)
 	}
 	if status != "" {
 		q += ` AND status = ?`

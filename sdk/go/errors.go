@@ -11,19 +11,20 @@ import (
 
 // Machine codes the server puts in the "error" field of an error body.
 const (
-	CodeInvalidArgument  = "invalid_argument"   // 400
-	CodeUnauthenticated  = "unauthenticated"    // 401
-	CodePermissionDenied = "permission_denied"  // 403
-	CodeNotFound         = "not_found"          // 404
-	CodeConflict         = "conflict"           // 409
-	CodeMethodNotAllowed = "method_not_allowed" // 405
-	CodeTooLarge         = "too_large"          // 413
-	CodeUpgradeRequired  = "upgrade_required"   // 426
-	CodeQuotaExceeded    = "quota_exceeded"     // 429: a team's quota
-	CodeInternal         = "internal"           // 500
-	CodeNotSupported     = "not_supported"      // 501
-	CodeUnavailable      = "unavailable"        // 503
-	CodeDeadlineExceeded = "deadline_exceeded"  // 504
+	CodeInvalidArgument  = "invalid_argument"     // 400
+	CodeUnauthenticated  = "unauthenticated"      // 401
+	CodePermissionDenied = "permission_denied"    // 403
+	CodeNotFound         = "not_found"            // 404
+	CodeConflict         = "conflict"             // 409
+	CodeMethodNotAllowed = "method_not_allowed"   // 405
+	CodeTooLarge         = "too_large"            // 413
+	CodeUpgradeRequired  = "upgrade_required"     // 426
+	CodeQuotaExceeded    = "quota_exceeded"       // 429: a team's quota
+	CodeInternal         = "internal"             // 500
+	CodeNotSupported     = "not_supported"        // 501
+	CodeUnavailable      = "unavailable"          // 503
+	CodeNoStorage        = "insufficient_storage" // 507: the host's disk is below its reserve
+	CodeDeadlineExceeded = "deadline_exceeded"    // 504
 )
 
 // APIError is an error reported by the server:
@@ -70,6 +71,7 @@ var (
 	ErrInternal         = &APIError{Status: 500, Code: CodeInternal}
 	ErrNotSupported     = &APIError{Status: 501, Code: CodeNotSupported}
 	ErrUnavailable      = &APIError{Status: 503, Code: CodeUnavailable}
+	ErrNoStorage        = &APIError{Status: 507, Code: CodeNoStorage}
 	ErrDeadlineExceeded = &APIError{Status: 504, Code: CodeDeadlineExceeded}
 )
 
@@ -83,8 +85,13 @@ func IsUnauthenticated(err error) bool { return errors.Is(err, ErrUnauthenticate
 func IsPermissionDenied(err error) bool { return errors.Is(err, ErrPermissionDenied) }
 
 // IsQuotaExceeded reports whether err is a 429 quota_exceeded APIError: the
-// team holds as many sandboxes (or as much memory) as its quota allows.
+// team holds as many sandboxes (or as much memory, or snapshot data) as its
+// quota allows.
 func IsQuotaExceeded(err error) bool { return errors.Is(err, ErrQuotaExceeded) }
+
+// IsNoStorage reports whether err is a 507 insufficient_storage APIError:
+// the server's disk is below its reserve (retry once space was freed).
+func IsNoStorage(err error) bool { return errors.Is(err, ErrNoStorage) }
 
 // IsNotFound reports whether err is a 404 not_found APIError.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
@@ -130,6 +137,8 @@ func codeForStatus(status int) string {
 		return CodeUnavailable
 	case 504:
 		return CodeDeadlineExceeded
+	case 507:
+		return CodeNoStorage
 	}
 	return CodeInternal
 }

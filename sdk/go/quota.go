@@ -11,6 +11,10 @@ type Quota struct {
 	Team         string `json:"team"`
 	MaxSandboxes int    `json:"max_sandboxes"` // sandboxes held at once, running or paused
 	MaxMemoryMB  int    `json:"max_memory_mb"` // the sum of their memory
+	// MaxSnapshotMB limits the data the team's snapshots hold (each
+	// distinct chunk once, before compression); past it snapshots fail
+	// with IsQuotaExceeded and automatic ones are skipped.
+	MaxSnapshotMB int `json:"max_snapshot_mb"`
 	// Source is "team" (the team's own quota) or "default" (the server's).
 	Source string     `json:"source"`
 	Usage  QuotaUsage `json:"usage"`
@@ -18,15 +22,17 @@ type Quota struct {
 
 // QuotaUsage is what a team holds now.
 type QuotaUsage struct {
-	Sandboxes int `json:"sandboxes"`
-	MemoryMB  int `json:"memory_mb"`
+	Sandboxes  int   `json:"sandboxes"`
+	MemoryMB   int   `json:"memory_mb"`
+	SnapshotMB int64 `json:"snapshot_mb"` // data its snapshots hold, rounded up
 }
 
 // SetQuotaRequest is the body of PUT /v1/teams/{team}/quota. A nil limit
 // is no limit; give at least one.
 type SetQuotaRequest struct {
-	MaxSandboxes *int `json:"max_sandboxes,omitempty"`
-	MaxMemoryMB  *int `json:"max_memory_mb,omitempty"`
+	MaxSandboxes  *int `json:"max_sandboxes,omitempty"`
+	MaxMemoryMB   *int `json:"max_memory_mb,omitempty"`
+	MaxSnapshotMB *int `json:"max_snapshot_mb,omitempty"`
 }
 
 // GetQuota returns a team's quota and usage. A team key reads only its own
@@ -41,7 +47,7 @@ func (c *Client) GetQuota(ctx context.Context, team string) (*Quota, error) {
 
 // SetQuota (admin) gives a team a quota of its own, replacing the server's
 // default for it. Creates, forks and restores past it fail with
-// IsQuotaExceeded.
+// IsQuotaExceeded, as do snapshots once the team's hold MaxSnapshotMB.
 func (c *Client) SetQuota(ctx context.Context, team string, req SetQuotaRequest) (*Quota, error) {
 	var q Quota
 	if err := c.do(ctx, request{method: http.MethodPut, path: "/v1/teams/" + seg(team) + "/quota", json: req}, &q); err != nil {
