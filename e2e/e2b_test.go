@@ -369,3 +369,65 @@ func TestE2BSignedUpload(t *testing.T) {
 		t.Errorf("the signed file: %d %q", code, body)
 	}
 }
+
+// TestE2BPorts: what sandbox.getHost(port) names, "<port>-<id>.<domain>",
+// reaches a server in the sandbox through the E2B listener with the
+// sandbox's traffic access token, and nothing without it; the token is not
+// passed on.
+func TestE2BPorts(t *testing.T) {
+	_, _, s, addr := e2bServer(t)
+	key := s.teamKey("e2b-ports")
+	url := "http://" + addr
+	req, _ := http.NewRequest("POST", url+"/sandboxes", strings.NewReader(`{"templateID":"base"}`))
+	req.Header.Set("X-API-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var made struct {
+		ID      string `json:"sandboxID"`
+		Traffic string `json:"trafficAccessToken"`
+	}
+	json.NewDecoder(resp.Body).Decode(&made)
+	resp.Body.Close()
+	if made.ID == "" || made.Traffic == "" {
+		t.Fatalf("create: %d %+v", resp.StatusCode, made)
+	}
+	defer func() {
+		req, _ := http.NewRequest("DELETE", url+"/sandboxes/"+made.ID, nil)
+		req.Header.Set("X-API-Key", key)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	startPortServer(t, s, key, "sb-"+made.ID, 8000)
+	get := func(path, host, token string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", url+path, nil)
+		req.Host = host
+		if token != "" {
+			req.Header.Set("E2B-Traffic-Access-Token", token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	host := "8000-" + made.ID + ".space.test"
+	if code, body := get("/x?y=1", host, made.Traffic); code != 200 || body != "path=/x?y=1" {
+		t.Errorf("getHost(8000): %d %q", code, body)
+	}
+	if code, body := get("/headers", host, made.Traffic); code != 200 || strings.Contains(strings.ToLower(body), "traffic-access-token") || !strings.Contains(body, host) {
+		t.Errorf("headers the sandbox saw: %d %s", code, body)
+	}
+	if code, _ := get("/x", host, ""); code != 401 {
+		t.Errorf("no token: %d", code)
+	}
+	if code, body := get("/x", "8001-"+made.ID+".space.test", made.Traffic); code != 502 || !strings.Contains(body, "nothing listens") {
+		t.Errorf("closed port: %d %s", code, body)
+	}
+}

@@ -41,6 +41,7 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("POST "+agentproto.PathReclaim, a.handleReclaim)
 	mux.HandleFunc("POST "+agentproto.PathWarmup, a.handleWarmup)
 	mux.HandleFunc("GET "+agentproto.PathStats, a.handleStats)
+	mux.HandleFunc("POST "+agentproto.PathConnect, a.handleConnect)
 	return mux
 }
 

@@ -23,7 +23,8 @@ import (
 // 3: GET /v1/stats.
 // 4: ?nofollow=1 on file writes and mkdir (no symbolic link in the path is
 // followed: restores use it).
-const Version = "4"
+// 5: POST /v1/connect (a TCP connection to a port of the sandbox).
+const Version = "5"
 
 // Paths served by the agent.
 const (
@@ -48,6 +49,10 @@ const (
 	PathReclaim      = "/v1/memory/reclaim" // POST → ReclaimResponse (kills the process using the most memory)
 	PathWarmup       = "/v1/warmup"         // POST → 204 (runs what a first command would pay for; leaves no process behind)
 	PathStats        = "/v1/stats"          // GET ?files_over=<bytes>&cpu=0 → Stats (version ≥ 3)
+	// POST ?port=N → "HTTP/1.1 200" and then the stream is a TCP connection
+	// to port N on the sandbox's loopback (version 5); an Error when
+	// nothing listens there (503) or the port is the agent's own (403).
+	PathConnect = "/v1/connect"
 )
 
 // ReclaimResponse names the process the agent killed to free memory when

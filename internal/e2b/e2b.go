@@ -31,6 +31,7 @@ import (
 
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/httpapi"
+	"github.com/spacesandbox/space/internal/portproxy"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
 )
@@ -69,6 +70,7 @@ type Handler struct {
 	control  http.Handler
 	envd     http.Handler
 	interp   http.Handler
+	ports    *portproxy.Proxy
 	procs    *processServer
 	watchers *watchers
 	// interpState holds the code interpreter's contexts.
@@ -89,6 +91,7 @@ func New(cfg Config) (*Handler, error) {
 	h.envd = h.envdMux()
 	h.interpState = &interpreter{sandboxes: map[string]map[string]*codeContext{}}
 	h.interp = h.interpreterMux()
+	h.ports = portproxy.New(h.svc.DialPortFrom)
 	return h, nil
 }
 
@@ -137,7 +140,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case InterpreterPort:
 		h.serveInterpreter(w, r, id)
 	default:
-		writeJSONError(w, http.StatusBadGateway, fmt.Sprintf("port %d of sandbox %s is not exposed by space", port, id))
+		h.servePort(w, r, id, port)
 	}
 }
 

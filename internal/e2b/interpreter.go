@@ -147,14 +147,19 @@ func (h *Handler) serveInterpreter(w http.ResponseWriter, r *http.Request, id st
 		writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is not running")
 		return
 	}
-	ok := subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(h.accessToken(id))) == 1 ||
-		subtle.ConstantTimeCompare([]byte(r.Header.Get("E2B-Traffic-Access-Token")), []byte(h.trafficToken(id))) == 1
-	if !ok && r.URL.Path != "/health" {
+	if !h.trafficAllowed(r, id) && r.URL.Path != "/health" {
 		writeJSONError(w, http.StatusUnauthorized, "unauthorized: missing or wrong access token")
 		return
 	}
 	ctx := context.WithValue(r.Context(), targetKey{}, envdTarget{id: id, caller: sandbox.Caller{Team: sb.Team}})
 	h.interp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// trafficAllowed reports whether r carries sandbox id's envd access token
+// or its traffic access token.
+func (h *Handler) trafficAllowed(r *http.Request, id string) bool {
+	return subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(h.accessToken(id))) == 1 ||
+		subtle.ConstantTimeCompare([]byte(r.Header.Get("E2B-Traffic-Access-Token")), []byte(h.trafficToken(id))) == 1
 }
 
 func normLanguage(l string) (string, error) {

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/portproxy"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
 )
@@ -53,15 +54,17 @@ type Config struct {
 
 // API is the HTTP handler.
 type API struct {
-	cfg Config
-	svc *sandbox.Service
-	log *slog.Logger
-	mux *http.ServeMux
+	cfg   Config
+	svc   *sandbox.Service
+	log   *slog.Logger
+	mux   *http.ServeMux
+	ports *portproxy.Proxy
 }
 
 // New builds the handler.
 func New(cfg Config) *API {
 	a := &API{cfg: cfg, svc: cfg.Service, log: cfg.Log, mux: http.NewServeMux()}
+	a.ports = portproxy.New(a.svc.DialPortFrom)
 	m := a.mux
 	m.HandleFunc("GET /healthz", a.healthz)
 	m.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
@@ -108,6 +111,8 @@ func New(cfg Config) *API {
 	auth("POST /v1/sandboxes/{id}/files/move", a.move)
 	auth("GET /v1/sandboxes/{id}/files/watch", a.watch)
 	auth("GET /v1/sandboxes/{id}/pty", a.pty)
+	auth("/v1/sandboxes/{id}/ports/{port}/{path...}", a.portProxy) // every method
+	auth("/v1/sandboxes/{id}/ports/{port}", a.portProxy)
 	auth("GET /v1/templates", a.listTemplates)
 	auth("POST /v1/templates/{name}/build", a.buildTemplate)
 	auth("POST /v1/keys", a.createKey)

@@ -139,6 +139,9 @@ type live struct {
 	// SSE execs, terminals): at most maxStreams, each holding an agent
 	// stream and up to its window of output in the server.
 	streams atomic.Int32
+	// conns counts the connections to the sandbox's ports open through
+	// the agent (preview traffic): at most maxPortConns.
+	conns atomic.Int32
 }
 
 // hurry asks for the identity now.

@@ -1,0 +1,191 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// portServer is a small HTTP server for the sandbox: /headers answers the
+// request's headers as JSON, /echo its body, /upgrade switches to a raw
+// echo protocol (what a WebSocket does at the HTTP level), anything else
+// the path and query.
+const portServer = `
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def reply(self, body, ctype="text/plain"):
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        if self.path == "/headers":
+            return self.reply(json.dumps(dict(self.headers)).encode(), "application/json")
+        if self.path == "/upgrade":
+            self.send_response(101)
+            self.send_header("Upgrade", "echo")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
+            self.wfile.flush()
+            while True:
+                b = self.connection.recv(65536)
+                if not b:
+                    return
+                self.connection.sendall(b)
+        self.reply(("path=" + self.path).encode())
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        self.reply(self.rfile.read(n), "application/octet-stream")
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+`
+
+// startPortServer runs portServer on port in sandbox id and waits until it
+// answers through the proxy.
+func startPortServer(t *testing.T, s *server, key, id string, port int) {
+	t.Helper()
+	if code := s.do("PUT", "/v1/sandboxes/"+id+"/files?path=/tmp/srv.py", key, []byte(portServer), nil); code != 200 {
+		t.Fatalf("write server: %d", code)
+	}
+	var res struct {
+		PID int `json:"pid"`
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", key, map[string]any{"cmd": []string{"python3", "/tmp/srv.py", fmt.Sprint(port)}, "background": true}, &res); code != 202 {
+		t.Fatalf("start server: %d", code)
+	}
+	waitFor(t, "the server in the sandbox", 30*time.Second, func() bool {
+		return s.do("GET", fmt.Sprintf("/v1/sandboxes/%s/ports/%d/ready", id, port), key, nil, nil) == 200
+	})
+}
+
+// TestPorts: /v1/sandboxes/{id}/ports/{port}/… reaches a server in the
+// sandbox (which has no network) through its agent: paths, queries,
+// bodies of any size, upgraded connections; the API key is not passed on;
+// other teams, closed ports and the agent's own egress port are refused.
+func TestPorts(t *testing.T) {
+	s := sharedServer(t)
+	key := s.teamKey("ports")
+	var sb sandboxView
+	if code := s.do("POST", "/v1/sandboxes", key, map[string]any{"network": map[string]any{"allow": []string{"example.test"}}}, &sb); code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	defer s.do("DELETE", "/v1/sandboxes/"+sb.ID, key, nil, nil)
+	base := s.url + "/v1/sandboxes/" + sb.ID + "/ports/8000"
+	startPortServer(t, s, key, sb.ID, 8000)
+
+	get := func(url, k string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", url, nil)
+		if k != "" {
+			req.Header.Set("Authorization", "Bearer "+k)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get(base+"/a/b?x=1&y=%20z", key); code != 200 || body != "path=/a/b?x=1&y=%20z" {
+		t.Errorf("GET through the port: %d %q", code, body)
+	}
+	if code, body := get(base, key); code != 200 || body != "path=/" {
+		t.Errorf("GET of the port's root: %d %q", code, body)
+	}
+	code, body := get(base+"/headers", key)
+	var hdr map[string]string
+	if code != 200 || json.Unmarshal([]byte(body), &hdr) != nil {
+		t.Fatalf("headers: %d %q", code, body)
+	}
+	for k := range hdr {
+		if strings.EqualFold(k, "Authorization") {
+			t.Errorf("the API key reached the sandbox: %v", hdr)
+		}
+	}
+	if !strings.HasPrefix(hdr["X-Forwarded-For"], "127.0.0.1") || hdr["Host"] == "" {
+		t.Errorf("forwarded headers: %v", hdr)
+	}
+
+	// 8 MiB up and back, byte for byte.
+	blob := make([]byte, 8<<20)
+	rand.Read(blob)
+	req, _ := http.NewRequest("POST", base+"/echo", bytes.NewReader(blob))
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Equal(got, blob) {
+		t.Errorf("8 MiB echo: %d, %d bytes back, equal %v", resp.StatusCode, len(got), bytes.Equal(got, blob))
+	}
+
+	// An upgraded connection carries bytes both ways until closed.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/ports/8000/upgrade HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n", sb.ID, key)
+	br := bufio.NewReader(conn)
+	uresp, err := http.ReadResponse(br, nil)
+	if err != nil || uresp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %+v", err, uresp)
+	}
+	for _, msg := range []string{"ping", strings.Repeat("x", 100000)} {
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := io.WriteString(conn, msg); err != nil {
+			t.Fatal(err)
+		}
+		back := make([]byte, len(msg))
+		if _, err := io.ReadFull(br, back); err != nil || string(back) != msg {
+			t.Fatalf("echo over the upgraded connection: %v (%d bytes)", err, len(msg))
+		}
+	}
+	conn.Close()
+
+	// Refusals, as JSON errors.
+	var e apiError
+	if code := s.do("GET", "/v1/sandboxes/"+sb.ID+"/ports/8001/", key, nil, &e); code != 503 || !strings.Contains(e.Message, "nothing listens on port 8001") {
+		t.Errorf("closed port: %d %+v", code, e)
+	}
+	if code := s.do("GET", "/v1/sandboxes/"+sb.ID+"/ports/3128/", key, nil, &e); code != 403 || e.Error != "permission_denied" {
+		t.Errorf("the agent's egress port: %d %+v", code, e)
+	}
+	if code := s.do("GET", "/v1/sandboxes/"+sb.ID+"/ports/0/", key, nil, &e); code != 400 {
+		t.Errorf("port 0: %d %+v", code, e)
+	}
+	if code := s.do("GET", "/v1/sandboxes/"+sb.ID+"/ports/8000/", s.teamKey("ports-other"), nil, &e); code != 404 {
+		t.Errorf("another team: %d %+v", code, e)
+	}
+	if code, _ := get(base+"/", ""); code != 401 {
+		t.Errorf("no key: %d", code)
+	}
+	// A paused sandbox is not reached (and a kept-alive connection to it
+	// is not reused).
+	if code := s.do("POST", "/v1/sandboxes/"+sb.ID+"/pause", key, nil, nil); code != 200 {
+		t.Fatalf("pause: %d", code)
+	}
+	if code := s.do("GET", "/v1/sandboxes/"+sb.ID+"/ports/8000/", key, nil, &e); code != 409 {
+		t.Errorf("paused sandbox: %d %+v", code, e)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+sb.ID+"/resume", key, nil, nil); code != 200 {
+		t.Fatalf("resume: %d", code)
+	}
+	waitFor(t, "the port after resume", 30*time.Second, func() bool {
+		c, _ := get(base+"/again", key)
+		return c == 200
+	})
+}

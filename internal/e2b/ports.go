@@ -1,0 +1,36 @@
+package e2b
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/sandbox"
+)
+
+// servePort forwards a request for any other port of a sandbox (what
+// sandbox.getHost(port) names) to that port on the sandbox's loopback,
+// HTTP and WebSocket upgrades alike. Real E2B serves these URLs to anyone
+// unless the sandbox was created with allowPublicTraffic: false; space
+// asks every request for the sandbox's traffic access token
+// (E2B-Traffic-Access-Token) or envd access token (X-Access-Token), which
+// are not passed on.
+func (h *Handler) servePort(w http.ResponseWriter, r *http.Request, id string, port int) {
+	sb, err := h.svc.Get(r.Context(), sandbox.Caller{Admin: true}, id)
+	if err != nil || sb.State != sandbox.StateRunning {
+		writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is not running")
+		return
+	}
+	if !h.trafficAllowed(r, id) {
+		writeJSONError(w, http.StatusUnauthorized, "unauthorized: sandbox ports need the E2B-Traffic-Access-Token header (the create answer's trafficAccessToken) or X-Access-Token")
+		return
+	}
+	ctx := sandbox.WithCaller(r.Context(), sandbox.Caller{Team: sb.Team})
+	h.ports.Serve(w, r.WithContext(ctx), id, port, r.URL.Path, func(w http.ResponseWriter, r *http.Request, err error) {
+		_, status := errdefs.Classify(err)
+		if errors.Is(err, errdefs.ErrUnavailable) {
+			status = http.StatusBadGateway // as E2B's proxy answers for a closed port
+		}
+		writeJSONError(w, status, err.Error())
+	})
+}

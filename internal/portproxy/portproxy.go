@@ -1,0 +1,84 @@
+// Package portproxy reverse-proxies HTTP (and WebSocket upgrades) to a port
+// inside a sandbox. A sandbox has no network of its own: each connection is
+// a stream of its agent session (sandbox.Service.DialPort), so this is the
+// only way in, and it goes only where the caller was allowed to go.
+package portproxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Dialer opens a connection to port of sandbox id. ctx carries what the
+// caller put there with WithValue before Serve (its identity).
+type Dialer func(ctx context.Context, id string, port int) (net.Conn, error)
+
+// Proxy forwards requests to sandbox ports. Connections are kept alive per
+// sandbox and port for a short while and reused.
+type Proxy struct {
+	tr *http.Transport
+}
+
+// poolHost names a sandbox port in the transport's URL (its pool key).
+const poolSuffix = ".sandbox.invalid"
+
+// New returns a Proxy that dials with dial.
+func New(dial Dialer) *Proxy {
+	return &Proxy{tr: &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			p, id, ok := strings.Cut(strings.TrimSuffix(host, poolSuffix), ".")
+			port, perr := strconv.Atoi(p)
+			if !ok || perr != nil {
+				return nil, fmt.Errorf("portproxy: bad address %q", addr)
+			}
+			return dial(ctx, id, port)
+		},
+		MaxIdleConnsPerHost:   8,
+		IdleConnTimeout:       30 * time.Second,
+		ResponseHeaderTimeout: 0, // a long poll may take as long as it likes
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}}
+}
+
+// Headers that carry space's or E2B's credentials: they are for space,
+// never for the sandbox.
+var credentialHeaders = []string{"Authorization", "X-Api-Key", "X-Access-Token", "E2b-Traffic-Access-Token"}
+
+// Serve forwards r to port of sandbox id with path as its path (the query
+// is kept). The inbound Host is kept (dev servers check it); credential
+// headers are removed; X-Forwarded-* are set. Failures before the sandbox
+// answered go to onError. ctx values of r reach the Dialer.
+func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, id string, port int, path string, onError func(http.ResponseWriter, *http.Request, error)) {
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = strconv.Itoa(port) + "." + id + poolSuffix
+			pr.Out.URL.Path, pr.Out.URL.RawPath = path, ""
+			for _, h := range credentialHeaders {
+				pr.Out.Header.Del(h)
+			}
+			pr.SetXForwarded()
+		},
+		Transport:     p.tr,
+		FlushInterval: -1, // event streams and long polls pass at once
+		ErrorHandler:  onError,
+		ErrorLog:      log.New(io.Discard, "", 0),
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// Close drops the idle connections.
+func (p *Proxy) Close() { p.tr.CloseIdleConnections() }
