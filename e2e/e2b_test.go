@@ -291,13 +291,17 @@ func e2bAccessToken(t *testing.T, url, key, id string) string {
 	return v.Token
 }
 
-// TestE2BSignedUpload: a signed upload URL (uploadUrl) writes its one path.
-// A multipart body with a second part used to write wherever that part's
-// filename said (/etc included).
-func TestE2BSignedUpload(t *testing.T) {
-	_, _, s, addr := e2bServer(t)
-	key := s.teamKey("e2b-signed")
-	url := "http://" + addr
+// e2bSandbox is what an E2B create answers.
+type e2bSandbox struct {
+	ID      string `json:"sandboxID"`
+	Token   string `json:"envdAccessToken"`
+	Traffic string `json:"trafficAccessToken"`
+}
+
+// e2bCreate creates a base sandbox through the E2B control plane at url,
+// destroyed when t ends.
+func e2bCreate(t *testing.T, url, key string) e2bSandbox {
+	t.Helper()
 	req, _ := http.NewRequest("POST", url+"/sandboxes", strings.NewReader(`{"templateID":"base"}`))
 	req.Header.Set("X-API-Key", key)
 	req.Header.Set("Content-Type", "application/json")
@@ -305,22 +309,31 @@ func TestE2BSignedUpload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var made struct {
-		ID string `json:"sandboxID"`
-	}
+	var made e2bSandbox
 	json.NewDecoder(resp.Body).Decode(&made)
 	resp.Body.Close()
-	if made.ID == "" {
-		t.Fatalf("create: %d", resp.StatusCode)
+	if made.ID == "" || made.Token == "" || made.Traffic == "" {
+		t.Fatalf("create: %d %+v", resp.StatusCode, made)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		req, _ := http.NewRequest("DELETE", url+"/sandboxes/"+made.ID, nil)
 		req.Header.Set("X-API-Key", key)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 		}
-	}()
-	token := e2bAccessToken(t, url, key, made.ID)
+	})
+	return made
+}
+
+// TestE2BSignedUpload: a signed upload URL (uploadUrl) writes its one path.
+// A multipart body with a second part used to write wherever that part's
+// filename said (/etc included).
+func TestE2BSignedUpload(t *testing.T) {
+	_, _, s, addr := e2bServer(t)
+	key := s.teamKey("e2b-signed")
+	url := "http://" + addr
+	made := e2bCreate(t, url, key)
+	token := made.Token
 	const target = "/home/user/up.txt"
 	sum := sha256.Sum256([]byte(target + ":write::" + token))
 	signed := url + "/files?path=" + target + "&signature=" + neturl.QueryEscape("v1_"+strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "="))
@@ -348,16 +361,7 @@ func TestE2BSignedUpload(t *testing.T) {
 		t.Errorf("a signed upload with a second part: %d, want 400", code)
 	}
 	read := func(p string) (int, string) {
-		req, _ := http.NewRequest("GET", url+"/files?path="+p, nil)
-		req.Header.Set("E2b-Sandbox-Id", made.ID)
-		req.Header.Set("X-Access-Token", token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return httpGet(t, url+"/files?path="+p, "", http.Header{"E2b-Sandbox-Id": {made.ID}, "X-Access-Token": {token}})
 	}
 	if code, body := read("/etc/evil-from-signed-url"); code != 404 {
 		t.Errorf("the second part was written: %d %q", code, body)
@@ -378,44 +382,11 @@ func TestE2BPorts(t *testing.T) {
 	_, _, s, addr := e2bServer(t)
 	key := s.teamKey("e2b-ports")
 	url := "http://" + addr
-	req, _ := http.NewRequest("POST", url+"/sandboxes", strings.NewReader(`{"templateID":"base"}`))
-	req.Header.Set("X-API-Key", key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var made struct {
-		ID      string `json:"sandboxID"`
-		Traffic string `json:"trafficAccessToken"`
-	}
-	json.NewDecoder(resp.Body).Decode(&made)
-	resp.Body.Close()
-	if made.ID == "" || made.Traffic == "" {
-		t.Fatalf("create: %d %+v", resp.StatusCode, made)
-	}
-	defer func() {
-		req, _ := http.NewRequest("DELETE", url+"/sandboxes/"+made.ID, nil)
-		req.Header.Set("X-API-Key", key)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
+	made := e2bCreate(t, url, key)
 	startPortServer(t, s, key, "sb-"+made.ID, 8000)
 	get := func(path, host, token string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest("GET", url+path, nil)
-		req.Host = host
-		if token != "" {
-			req.Header.Set("E2B-Traffic-Access-Token", token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return httpGet(t, url+path, host, http.Header{"E2b-Traffic-Access-Token": {token}})
 	}
 	host := "8000-" + made.ID + ".space.test"
 	if code, body := get("/x?y=1", host, made.Traffic); code != 200 || body != "path=/x?y=1" {

@@ -68,6 +68,30 @@ func startPortServer(t *testing.T, s *server, key, id string, port int) {
 	})
 }
 
+// httpGet GETs url with the non-empty headers of hdr (and Host host, if
+// set) and returns the status and body.
+func httpGet(t *testing.T, url, host string, hdr http.Header) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if host != "" {
+		req.Host = host
+	}
+	for k, vs := range hdr {
+		for _, v := range vs {
+			if v != "" {
+				req.Header.Add(k, v)
+			}
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
 // TestPorts: /v1/sandboxes/{id}/ports/{port}/… reaches a server in the
 // sandbox (which has no network) through its agent: paths, queries,
 // bodies of any size, upgraded connections; the API key is not passed on;
@@ -85,17 +109,11 @@ func TestPorts(t *testing.T) {
 
 	get := func(url, k string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest("GET", url, nil)
+		h := http.Header{}
 		if k != "" {
-			req.Header.Set("Authorization", "Bearer "+k)
+			h.Set("Authorization", "Bearer "+k)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return httpGet(t, url, "", h)
 	}
 	if code, body := get(base+"/a/b?x=1&y=%20z", key); code != 200 || body != "path=/a/b?x=1&y=%20z" {
 		t.Errorf("GET through the port: %d %q", code, body)
