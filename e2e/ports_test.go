@@ -9,9 +9,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	space "github.com/spacesandbox/space/sdk/go"
 )
 
 // portServer is a small HTTP server for the sandbox: /headers answers the
@@ -133,6 +137,37 @@ func TestPorts(t *testing.T) {
 	}
 	if !strings.HasPrefix(hdr["X-Forwarded-For"], "127.0.0.1") || hdr["Host"] == "" {
 		t.Errorf("forwarded headers: %v", hdr)
+	}
+
+	// The Go SDK's transport: any HTTP client talks to the port.
+	hc := &http.Client{Transport: space.NewClient(s.url, key).PortTransport(sb.ID, 8000)}
+	if resp, err := hc.Get("http://sandbox.invalid/sdk?q=1"); err != nil {
+		t.Errorf("through the SDK's transport: %v", err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(b) != "path=/sdk?q=1" {
+			t.Errorf("through the SDK's transport: %d %q", resp.StatusCode, b)
+		}
+	}
+
+	// space forward: a local address for the port, no key needed there.
+	local := freeAddr(t)
+	fwd := exec.Command(spaceBin(t), "forward", sb.ID, "8000", "--listen", local)
+	fwd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+key)
+	fwdOut, _ := fwd.StdoutPipe()
+	if err := fwd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(fwdOut).ReadString('\n'); err != nil || !strings.Contains(line, "forwarding http://"+local) {
+		t.Fatalf("space forward: %q %v", line, err)
+	}
+	if code, body := httpGet(t, "http://"+local+"/fwd?a=b", "", nil); code != 200 || body != "path=/fwd?a=b" {
+		t.Errorf("through space forward: %d %q", code, body)
+	}
+	fwd.Process.Signal(os.Interrupt)
+	if err := fwd.Wait(); err != nil {
+		t.Errorf("space forward after Ctrl-C: %v", err)
 	}
 
 	// 8 MiB up and back, byte for byte.

@@ -106,6 +106,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.cpCommand(),
 		a.lsCommand(),
 		a.ptyCommand(),
+		a.forwardCommand(),
 		a.templateCommand(),
 		a.keysCommand(),
 		a.quotaCommand(),

@@ -518,3 +518,25 @@ func TestConcurrentCallsReuseConnections(t *testing.T) {
 		t.Fatalf("connections opened: %d in the first round, %d in the second", first, opened-first)
 	}
 }
+
+func TestPortTransport(t *testing.T) {
+	var got *http.Request
+	c := fake(t, func(w http.ResponseWriter, r *http.Request) {
+		got = r
+		io.WriteString(w, "from the sandbox")
+	})
+	if u := c.PortURL("sb-1", 8000); !strings.HasSuffix(u, "/v1/sandboxes/sb-1/ports/8000") {
+		t.Errorf("PortURL = %q", u)
+	}
+	hc := &http.Client{Transport: c.PortTransport("sb-1", 8000)}
+	resp, err := hc.Get("http://anything.invalid/api/items?page=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "from the sandbox" || got.URL.Path != "/v1/sandboxes/sb-1/ports/8000/api/items" || got.URL.RawQuery != "page=2" ||
+		got.Header.Get("Authorization") != "Bearer k3y" {
+		t.Errorf("request: %s %s %q auth %q; body %q", got.Method, got.URL.Path, got.URL.RawQuery, got.Header.Get("Authorization"), b)
+	}
+}

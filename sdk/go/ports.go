@@ -1,0 +1,67 @@
+package space
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// PortURL is the URL under which port of sandbox id is reached through the
+// server (GET /v1/sandboxes/{id}/ports/{port}/…): append the path the
+// server in the sandbox expects. Requests need the API key as a Bearer
+// token; PortTransport adds it.
+func (c *Client) PortURL(id string, port int) string {
+	if c.base == nil {
+		return ""
+	}
+	u := *c.base
+	u.Path = strings.TrimRight(u.Path, "/") + fmt.Sprintf("/v1/sandboxes/%s/ports/%d", seg(id), port)
+	u.RawPath, u.RawQuery = "", ""
+	return u.String()
+}
+
+// PortTransport returns an http.RoundTripper that sends every request to
+// port of sandbox id, whatever its URL's host: keep the request's path and
+// query, swap the scheme and host for the server's, add the API key. With
+// it, any HTTP client (and anything built on one) talks to a server in the
+// sandbox as if it were local:
+//
+//	hc := &http.Client{Transport: c.PortTransport(id, 8000)}
+//	resp, err := hc.Get("http://sandbox/api/items?page=2")
+//
+// Errors from space itself (the sandbox is gone, nothing listens on the
+// port) arrive as responses with space's JSON error body; the server in
+// the sandbox answers everything else.
+func (c *Client) PortTransport(id string, port int) http.RoundTripper {
+	return &portTransport{c: c, id: id, port: port}
+}
+
+type portTransport struct {
+	c    *Client
+	id   string
+	port int
+}
+
+func (t *portTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.c.base == nil {
+		return nil, fmt.Errorf("space: invalid server URL")
+	}
+	out := req.Clone(req.Context())
+	u := *t.c.base
+	u.Path = strings.TrimRight(u.Path, "/") + fmt.Sprintf("/v1/sandboxes/%s/ports/%d", seg(t.id), t.port) + req.URL.Path
+	u.RawPath = ""
+	u.RawQuery = req.URL.RawQuery
+	out.URL = &u
+	out.Host = ""
+	if t.c.apiKey != "" {
+		out.Header.Set("Authorization", "Bearer "+t.c.apiKey)
+	}
+	if t.c.ua != "" && out.Header.Get("User-Agent") == "" {
+		out.Header.Set("User-Agent", t.c.ua)
+	}
+	tr := t.c.hc.Transport
+	if tr == nil {
+		tr = http.DefaultTransport
+	}
+	return tr.RoundTrip(out)
+}
