@@ -54,9 +54,9 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 `
 
-// startPortServer runs portServer on port in sandbox id and waits until it
-// answers through the proxy.
-func startPortServer(t *testing.T, s *server, key, id string, port int) {
+// startPortServer runs portServer on port in sandbox id, waits until it
+// answers through the proxy and returns its pid.
+func startPortServer(t *testing.T, s *server, key, id string, port int) int {
 	t.Helper()
 	if code := s.do("PUT", "/v1/sandboxes/"+id+"/files?path=/tmp/srv.py", key, []byte(portServer), nil); code != 200 {
 		t.Fatalf("write server: %d", code)
@@ -67,8 +67,24 @@ func startPortServer(t *testing.T, s *server, key, id string, port int) {
 	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", key, map[string]any{"cmd": []string{"python3", "/tmp/srv.py", fmt.Sprint(port)}, "background": true}, &res); code != 202 {
 		t.Fatalf("start server: %d", code)
 	}
-	waitFor(t, "the server in the sandbox", 30*time.Second, func() bool {
+	waitFor(t, "the server in the sandbox", 60*time.Second, func() bool {
 		return s.do("GET", fmt.Sprintf("/v1/sandboxes/%s/ports/%d/ready", id, port), key, nil, nil) == 200
+	})
+	return res.PID
+}
+
+// TestPortsDrivers: the way in works the same on every driver (it is the
+// agent's, over each driver's transport).
+func TestPortsDrivers(t *testing.T) {
+	s := sharedServer(t)
+	forEachDriver(t, func(t *testing.T, drv string) {
+		id := s.sharedSandbox(t, drv)
+		pid := startPortServer(t, s, s.key, id, 8100)
+		defer s.do("POST", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/signal", id, pid), s.key, map[string]string{"signal": "SIGKILL"}, nil)
+		code, body := httpGet(t, s.url+"/v1/sandboxes/"+id+"/ports/8100/"+drv+"?ok=1", "", http.Header{"Authorization": {"Bearer " + s.key}})
+		if code != 200 || body != "path=/"+drv+"?ok=1" {
+			t.Errorf("GET through the port on %s: %d %q", drv, code, body)
+		}
 	})
 }
 
