@@ -589,6 +589,26 @@ func testFiles(t *testing.T, drv string) {
 	if r := s.sh(id, "stat -c %s /home/user/relative/100mb.bin; stat -c %U /home/user/one.bin"); r.Stdout != fmt.Sprintf("%d\nuser\n", 100<<20) {
 		t.Errorf("inside: %+v", r)
 	}
+	// ?user= owns the file and the directories made for it; an unknown or
+	// malformed user writes nothing.
+	if code := s.do("PUT", "/v1/sandboxes/"+id+"/files?path=/home/user/rootdir/sub/r.txt&user=root", s.key, []byte("r"), nil); code != 200 {
+		t.Errorf("PUT as root: %d", code)
+	}
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/files/mkdir", s.key, map[string]string{"path": "/home/user/rootmk/x", "user": "root"}, nil); code != 200 {
+		t.Errorf("mkdir as root: %d", code)
+	}
+	if r := s.sh(id, "stat -c %U /home/user/rootdir/sub/r.txt /home/user/rootdir/sub /home/user/rootmk/x"); r.Stdout != "root\nroot\nroot\n" {
+		t.Errorf("owners of what was written as root: %+v", r)
+	}
+	for _, u := range []string{"nosuchuser", "../x"} {
+		var ue apiError
+		if code := s.do("PUT", "/v1/sandboxes/"+id+"/files?path=/home/user/bad-user.txt&user="+u, s.key, []byte("x"), &ue); code/100 != 4 {
+			t.Errorf("PUT as %q: %d %+v", u, code, ue)
+		}
+	}
+	if r := s.sh(id, "test -e /home/user/bad-user.txt && echo exists"); r.Stdout != "" {
+		t.Errorf("a write as an unknown user left a file")
+	}
 	var list struct {
 		Entries []struct {
 			Name string `json:"name"`

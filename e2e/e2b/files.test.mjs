@@ -51,6 +51,14 @@ test('files write/read/list/exists/makeDir/rename/remove/getInfo', async () => {
     await sbx.files.remove('/tmp/newdir')
     assert.equal(await sbx.files.exists('/tmp/newdir'), false)
 
+    // { user } owns what a write or makeDir makes (default: user).
+    await sbx.files.write('/tmp/owned/root.txt', 'r', { user: 'root' })
+    assert.equal(await sbx.files.makeDir('/tmp/owned/rootdir', { user: 'root' }), true)
+    await sbx.files.write('/tmp/owned/user.txt', 'u')
+    assert.equal((await sbx.files.getInfo('/tmp/owned/root.txt')).owner, 'root')
+    assert.equal((await sbx.files.getInfo('/tmp/owned/rootdir')).owner, 'root')
+    assert.equal((await sbx.files.getInfo('/tmp/owned/user.txt')).owner, 'user')
+
     // The shell sees what the files API wrote, and the other way round.
     await sbx.commands.run('echo -n from-shell > /tmp/shell.txt')
     assert.equal(await sbx.files.read('/tmp/shell.txt'), 'from-shell')

@@ -230,6 +230,15 @@ type writtenJSON struct {
 	Path string `json:"path"`
 }
 
+// fileUser is the user a /files request writes as: ?username= (the SDK
+// sends it, and a signed URL is signed with it), else the Basic-auth user.
+func fileUser(r *http.Request) string {
+	if u := r.URL.Query().Get("username"); u != "" {
+		return u
+	}
+	return userOf(r.Header)
+}
+
 // postFile serves POST /files: multipart parts named "file" whose filename
 // is the full target path (the ?path= query wins for a single file), or a
 // raw octet-stream body (optionally gzip) written to ?path=.
@@ -247,7 +256,7 @@ func (h *Handler) postFile(w http.ResponseWriter, r *http.Request) {
 			writeJSONError(w, http.StatusBadRequest, "path is required (query or part filename)")
 			return false
 		}
-		fi, err := h.svc.WriteFile(r.Context(), t.caller, t.id, p, body)
+		fi, err := h.svc.WriteFileAs(r.Context(), t.caller, t.id, p, fileUser(r), body)
 		if err != nil {
 			h.fileError(w, r, p, err)
 			return false

@@ -72,7 +72,7 @@ func (f *filesystemServer) MakeDir(ctx context.Context, req *connect.Request[fil
 	if _, err := f.h.svc.Stat(ctx, t.caller, t.id, req.Msg.GetPath()); err == nil {
 		return nil, connect.NewError(connect.CodeAlreadyExists, errors.New("path already exists: "+req.Msg.GetPath()))
 	}
-	fi, err := f.h.svc.Mkdir(ctx, t.caller, t.id, req.Msg.GetPath())
+	fi, err := f.h.svc.Mkdir(ctx, t.caller, t.id, req.Msg.GetPath(), userOf(req.Header()))
 	if err != nil {
 		if errors.Is(err, errdefs.ErrConflict) {
 			return nil, connect.NewError(connect.CodeAlreadyExists, err)

@@ -14,7 +14,7 @@ import (
 func pathParam(r *http.Request) string { return r.URL.Query().Get("path") }
 
 func (a *API) writeFile(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
-	fi, err := a.svc.WriteFile(r.Context(), c, r.PathValue("id"), pathParam(r), r.Body)
+	fi, err := a.svc.WriteFileAs(r.Context(), c, r.PathValue("id"), pathParam(r), r.URL.Query().Get("user"), r.Body)
 	if err != nil {
 		a.writeError(w, r, err)
 		return
@@ -82,12 +82,13 @@ func (a *API) listFiles(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 func (a *API) mkdir(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 	var req struct {
 		Path string `json:"path"`
+		User string `json:"user"`
 	}
 	if err := decode(r, &req); err != nil {
 		a.writeError(w, r, err)
 		return
 	}
-	fi, err := a.svc.Mkdir(r.Context(), c, r.PathValue("id"), req.Path)
+	fi, err := a.svc.Mkdir(r.Context(), c, r.PathValue("id"), req.Path, req.User)
 	if err != nil {
 		a.writeError(w, r, err)
 		return

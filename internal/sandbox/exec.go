@@ -34,6 +34,15 @@ type ExecRequest struct {
 	Tag string
 }
 
+// validUser checks a user name a request runs or writes as ("" is the
+// sandbox's default user).
+func validUser(u string) error {
+	if u != "" && !nameRE.MatchString(u) {
+		return errdefs.InvalidArgument("user: invalid name %q", u)
+	}
+	return nil
+}
+
 // maxTagBytes bounds a process tag.
 const maxTagBytes = 1024
 
@@ -62,8 +71,8 @@ func (r *ExecRequest) validate() error {
 	if r.TimeoutS < 0 || r.TimeoutS > 86400 {
 		return errdefs.InvalidArgument("timeout_s: must be between 0 and 86400")
 	}
-	if r.User != "" && !nameRE.MatchString(r.User) {
-		return errdefs.InvalidArgument("user: invalid name %q", r.User)
+	if err := validUser(r.User); err != nil {
+		return err
 	}
 	if r.Cwd != "" {
 		if _, err := cleanPath(r.Cwd); err != nil {

@@ -49,6 +49,15 @@ func (s *Service) ReadFile(ctx context.Context, c Caller, id, p string) (io.Read
 
 // WriteFile streams r into a file in the sandbox (parents created).
 func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Reader) (agentproto.FileInfo, error) {
+	return s.WriteFileAs(ctx, c, id, p, "", r)
+}
+
+// WriteFileAs is WriteFile owned by user (the sandbox's default user when
+// empty): the file, and the directories it creates.
+func (s *Service) WriteFileAs(ctx context.Context, c Caller, id, p, user string, r io.Reader) (agentproto.FileInfo, error) {
+	if err := validUser(user); err != nil {
+		return agentproto.FileInfo{}, err
+	}
 	if strings.HasSuffix(p, "/") {
 		return agentproto.FileInfo{}, errdefs.InvalidArgument("path: %q ends in '/': name the file to write", p)
 	}
@@ -61,7 +70,7 @@ func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Re
 		return agentproto.FileInfo{}, err
 	}
 	br := &bodyReader{r: r}
-	fi, err := a.WriteFile(ctx, p, br, 0, "")
+	fi, err := a.WriteFile(ctx, p, br, 0, user)
 	if err != nil && br.err != nil {
 		return fi, errdefs.InvalidArgument("request body: %v (the file was not written)", br.err)
 	}
@@ -116,8 +125,12 @@ func (s *Service) ListFiles(ctx context.Context, c Caller, id, p string, depth i
 	return a.List(ctx, p, depth)
 }
 
-// Mkdir creates a directory and its parents.
-func (s *Service) Mkdir(ctx context.Context, c Caller, id, p string) (agentproto.FileInfo, error) {
+// Mkdir creates a directory and its parents, owned by user (the sandbox's
+// default user when empty).
+func (s *Service) Mkdir(ctx context.Context, c Caller, id, p, user string) (agentproto.FileInfo, error) {
+	if err := validUser(user); err != nil {
+		return agentproto.FileInfo{}, err
+	}
 	p, err := cleanPath(p)
 	if err != nil {
 		return agentproto.FileInfo{}, err
@@ -126,7 +139,7 @@ func (s *Service) Mkdir(ctx context.Context, c Caller, id, p string) (agentproto
 	if err != nil {
 		return agentproto.FileInfo{}, err
 	}
-	return a.Mkdir(ctx, p, "")
+	return a.Mkdir(ctx, p, user)
 }
 
 // Move renames a file or directory.
