@@ -128,7 +128,22 @@ func (s *Store) listSnapshots(ctx context.Context, col, value, status string) ([
 	return out, rows.Err()
 }
 
-// DeleteSnapshot removes a snapshot record. Errors: errdefs.ErrNotFound.
+// DeleteSnapshot removes a snapshot record; snapshots whose parent it was
+// get its parent instead, so a timeline never names a deleted snapshot.
+// Errors: errdefs.ErrNotFound.
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
-	return s.deleteOne(ctx, "snapshot", errdefs.NotFound("snapshot %s not found", id), `DELETE FROM snapshots WHERE id = ?`, id)
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET parent = (SELECT parent FROM snapshots WHERE id = ?)
+			WHERE parent = ? AND EXISTS (SELECT 1 FROM snapshots WHERE id = ?)`, id, id, id); err != nil {
+			return fmt.Errorf("store: delete snapshot: %w", err)
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
+		if err != nil {
+			return fmt.Errorf("store: delete snapshot: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return errdefs.NotFound("snapshot %s not found", id)
+		}
+		return nil
+	})
 }
