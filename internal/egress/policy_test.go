@@ -166,3 +166,32 @@ func TestParseIPLiteral(t *testing.T) {
 		}
 	}
 }
+
+// TestPortMissSaysWhy: a host an allow rule names, on a port it does not,
+// is refused with the rule and its ports (not "not in the allow list", or
+// for an address "without an allowing CIDR rule", which sent people looking
+// for the wrong fix).
+func TestPortMissSaysWhy(t *testing.T) {
+	p, _ := New(Config{Resolver: &countingResolver{fn: func(string, int) []net.IP { return []net.IP{net.ParseIP("93.184.216.34")} }}})
+	pol, err := ParsePolicy("a.test,203.0.113.0/24,b.test:8443", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetPolicy("s", pol)
+	for _, c := range []struct {
+		host string
+		port int
+		want string
+	}{
+		{"a.test", 8080, "port 8080 is not allowed: rule a.test allows ports 80,443"},
+		{"203.0.113.9", 22, "port 22 is not allowed: rule 203.0.113.0/24 allows ports 80,443"},
+		{"b.test", 443, "port 443 is not allowed: rule b.test allows ports 8443"},
+		{"c.test", 443, "not in the allow list"},
+		{"198.51.100.1", 443, "IP literal without an allowing CIDR rule"},
+	} {
+		d := p.decide(context.Background(), "s", c.host, c.port)
+		if d.allow || d.rule != c.want {
+			t.Errorf("%s:%d: allow %v, %q; want refused, %q", c.host, c.port, d.allow, d.rule, c.want)
+		}
+	}
+}

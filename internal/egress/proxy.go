@@ -315,6 +315,21 @@ type decision struct {
 
 func deny(reason, rule string) decision { return decision{reason: reason, rule: rule} }
 
+// portMiss explains a refusal where an allow rule names the host but not
+// the port ("" when none does): the rule's ports are what to change.
+func portMiss(rules []*rule, match func(*rule) bool, port int) string {
+	for _, r := range rules {
+		if match(r) {
+			ps := make([]string, len(r.ports))
+			for i, p := range r.ports {
+				ps[i] = strconv.Itoa(p)
+			}
+			return fmt.Sprintf("port %d is not allowed: rule %s allows ports %s", port, r.src.Host, strings.Join(ps, ","))
+		}
+	}
+	return ""
+}
+
 // decide applies the policy to host:port. It resolves only names the
 // policy allows, and returns only addresses that passed vetting.
 func (p *Proxy) decide(ctx context.Context, sandboxID, host string, port int) decision {
@@ -344,6 +359,9 @@ func (p *Proxy) decide(ctx context.Context, sandboxID, host string, port int) de
 			}
 		}
 		if allowed == nil || pol.mode == ModeDeny {
+			if msg := portMiss(pol.allow, func(r *rule) bool { return r.matchAddr(a) }, port); msg != "" && pol.mode != ModeDeny {
+				return deny(ReasonNotAllowed, msg)
+			}
 			return deny(ReasonIPLiteral, "IP literal without an allowing CIDR rule")
 		}
 		if n := p.blocked(a); n != "" {
@@ -374,6 +392,9 @@ func (p *Proxy) decide(ctx context.Context, sandboxID, host string, port int) de
 	if ruleText == "" {
 		if pol.mode == ModeDeny {
 			return deny(ReasonNotAllowed, "egress is disabled (default deny)")
+		}
+		if msg := portMiss(pol.allow, func(r *rule) bool { return r.matchName(h) }, port); msg != "" && pol.mode == ModeAllowlist {
+			return deny(ReasonNotAllowed, msg)
 		}
 		return deny(ReasonNotAllowed, "not in the allow list")
 	}
