@@ -181,6 +181,31 @@ func (a *Agent) handleRead(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{f}, buf)
 }
 
+// tempPrefix names the temporary file a write fills before its rename.
+const tempPrefix = ".space-write-"
+
+// asTarget makes an error about a write's temporary file (or its rename)
+// name the file the caller asked for: ".space-write-…" means nothing to
+// the caller.
+func asTarget(err error, path string) error {
+	var le *os.LinkError
+	if errors.As(err, &le) && strings.Contains(le.Old, tempPrefix) {
+		return &fs.PathError{Op: "write", Path: path, Err: le.Err}
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		if strings.Contains(pe.Path, tempPrefix) {
+			return &fs.PathError{Op: pe.Op, Path: path, Err: pe.Err}
+		}
+		return err
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) { // a bare system call's (openat, renameat)
+		return &fs.PathError{Op: "write", Path: path, Err: errno}
+	}
+	return err
+}
+
 // handleWrite streams the body into a temporary file next to the target
 // and renames it into place, so readers never see a half-written file.
 func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
@@ -232,9 +257,9 @@ func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	tmp, err := os.CreateTemp(dir, ".space-write-*")
+	tmp, err := os.CreateTemp(dir, tempPrefix+"*")
 	if err != nil {
-		writeError(w, osError(err))
+		writeError(w, osError(asTarget(err, path)))
 		return
 	}
 	ok := false
@@ -248,23 +273,23 @@ func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 	if _, err := io.CopyBuffer(struct{ io.Writer }{tmp}, struct{ io.Reader }{r.Body}, buf); err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
-			writeError(w, osError(err))
+			writeError(w, osError(asTarget(err, path)))
 		} else {
 			writeError(w, errdefs.InvalidArgument("read body: %v", err))
 		}
 		return
 	}
 	if err := tmp.Chmod(mode); err != nil {
-		writeError(w, osError(err))
+		writeError(w, osError(asTarget(err, path)))
 		return
 	}
 	acct.chown(tmp.Name())
 	if err := tmp.Close(); err != nil {
-		writeError(w, osError(err))
+		writeError(w, osError(asTarget(err, path)))
 		return
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		writeError(w, osError(err))
+		writeError(w, osError(asTarget(err, path)))
 		return
 	}
 	ok = true

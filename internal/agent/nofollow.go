@@ -100,10 +100,10 @@ func writeNoFollow(path string, body io.Reader, acct account, mode os.FileMode, 
 	}
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
-	tmp := ".space-write-" + hex.EncodeToString(rnd[:])
+	tmp := tempPrefix + hex.EncodeToString(rnd[:])
 	fd, err := unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return osError(err)
+		return osError(asTarget(err, path))
 	}
 	f := os.NewFile(uintptr(fd), tmp)
 	ok := false
@@ -117,21 +117,21 @@ func writeNoFollow(path string, body io.Reader, acct account, mode os.FileMode, 
 	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, struct{ io.Reader }{body}, buf); err != nil {
 		var pe *os.PathError
 		if errors.As(err, &pe) {
-			return osError(err)
+			return osError(asTarget(err, path))
 		}
 		return errdefs.InvalidArgument("read body: %v", err)
 	}
 	if err := f.Chmod(mode); err != nil {
-		return osError(err)
+		return osError(asTarget(err, path))
 	}
 	if os.Geteuid() == 0 {
 		_ = f.Chown(int(acct.uid), int(acct.gid))
 	}
 	if err := f.Close(); err != nil {
-		return osError(err)
+		return osError(asTarget(err, path))
 	}
 	if err := unix.Renameat(dirfd, tmp, dirfd, base); err != nil {
-		return osError(err)
+		return osError(asTarget(err, path))
 	}
 	ok = true
 	return nil
