@@ -41,7 +41,7 @@ func main() {
 	churn := flag.Int("churn", 2000, "create→exec→destroy cycles for the churn figure (0 skips)")
 	flag.Parse()
 	if *runsc == "" {
-		*runsc = filepath.Join(*cache, "runsc-"+gvisor.PinnedVersion, "runsc")
+		*runsc = filepath.Join(*cache, "runsc-"+gvisor.BuildName(), "runsc")
 	}
 	agentAbs, _ := filepath.Abs(*agent)
 	b := &bench{runsc: *runsc, cache: *cache, nState: *nState, wsMB: *wsMB, density: *density, churn: *churn}

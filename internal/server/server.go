@@ -61,7 +61,7 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("admin API key", "file", keyPath)
 
 	if cfg.RunscPath == "" {
-		cfg.RunscPath = filepath.Join(cfg.CacheDir, "runsc-"+gvisor.PinnedVersion, "runsc")
+		cfg.RunscPath = filepath.Join(cfg.CacheDir, "runsc-"+gvisor.BuildName(), "runsc")
 	}
 	if _, err := os.Stat(cfg.AgentPath); err != nil {
 		return fmt.Errorf("space-agent binary not found at %s (build it with `make build`, or pass --agent): %w", cfg.AgentPath, err)

@@ -31,7 +31,7 @@ func Runsc(t testing.TB) string {
 	t.Helper()
 	p := os.Getenv("SPACE_RUNSC")
 	if p == "" {
-		p = filepath.Join(CacheDir(), "runsc-"+gvisor.PinnedVersion, "runsc")
+		p = filepath.Join(CacheDir(), "runsc-"+gvisor.BuildName(), "runsc")
 	}
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("runsc not found at %s: run `make runsc` (or `make test`, which builds it): %v", p, err)

@@ -34,6 +34,7 @@ import (
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/driver/hostproc"
 	"github.com/spacesandbox/space/internal/errdefs"
+	gvisorpatches "github.com/spacesandbox/space/third_party/gvisor"
 )
 
 // Name is the driver's registry name.
@@ -66,6 +67,10 @@ type Driver struct {
 	log      *slog.Logger
 	runscSum runscDigest // of cfg.Runsc, for checkpoint image stamps
 	agents   agentStore
+	// tarStreams is set when runsc streams files into its tar of the
+	// writable layer (the build lists "tar-stream" in a features file next
+	// to it: third_party/gvisor): no file is then held whole in memory.
+	tarStreams bool
 }
 
 var (
@@ -98,7 +103,11 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	if cfg.AgentStore == "" {
 		cfg.AgentStore = filepath.Join(filepath.Dir(cfg.Root), "agents")
 	}
-	d := &Driver{cfg: cfg, log: cfg.Log.With("driver", Name), agents: agentStore{dir: cfg.AgentStore}}
+	d := &Driver{cfg: cfg, log: cfg.Log.With("driver", Name), agents: agentStore{dir: cfg.AgentStore},
+		tarStreams: runscFeatures(cfg.Runsc)["tar-stream"]}
+	if !d.tarStreams {
+		d.log.Warn("this runsc copies each file whole into the sandbox's memory to snapshot it: files larger than the sandbox's room are refused (413); build it with `make runsc` to lift that", "runsc", cfg.Runsc)
+	}
 	d.agents.gc()
 	go d.runscSHA256() // for checkpoint stamps; ready before the first one
 	if cfg.GroupCPUShares == 0 {
@@ -546,13 +555,18 @@ func (i *Instance) raiseMemoryLimit() {
 // a 700 MiB file stopped the sandbox.
 const exportMargin = 96 << 20
 
-// ExportFileLimit implements driver.ExportLimiter: runsc tars the writable
-// layer by copying each file whole into the sentry's memory, which counts
-// against the host limit (the sandbox's memory plus its headroom).
+// ExportFileLimit implements driver.ExportLimiter: a stock runsc tars the
+// writable layer by copying each file whole into the sentry's memory, which
+// counts against the host limit (the sandbox's memory plus its headroom).
+// The build `make runsc` makes streams files: no limit.
 func (i *Instance) ExportFileLimit(memUsed int64) int64 {
-	mem := i.nominalMemory()
-	if mem <= 0 {
-		return math.MaxInt64 // unknown: nothing to check against
+	return i.d.exportFileLimit(i.nominalMemory(), memUsed)
+}
+
+// exportFileLimit is ExportFileLimit for a sandbox of mem bytes.
+func (d *Driver) exportFileLimit(mem, memUsed int64) int64 {
+	if d.tarStreams || mem <= 0 { // streamed, or unknown: nothing to check against
+		return math.MaxInt64
 	}
 	return max(mem+memoryHeadroom(mem)-memUsed-exportMargin, 0)
 }
@@ -865,5 +879,24 @@ func isNotExist(err error) bool {
 }
 
 // PinnedVersion is the gVisor release space is tested with; `make runsc`
-// builds exactly this version from the Go module proxy (see Makefile).
+// builds exactly this version from the Go module proxy (see Makefile), with
+// the patches in third_party/gvisor applied.
 const PinnedVersion = "v0.0.0-20260905035102-160fafc42237"
+
+// runscFeatures reads the features file `make runsc` writes next to the
+// binary (one name per line; none for a runsc built elsewhere).
+func runscFeatures(runsc string) map[string]bool {
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(runsc), "features"))
+	if err != nil {
+		return nil
+	}
+	out := map[string]bool{}
+	for f := range strings.FieldsSeq(string(b)) {
+		out[f] = true
+	}
+	return out
+}
+
+// BuildName names that build: the version and the patches' digest (as the
+// Makefile's RUNSC_BUILD). The cached runsc is <cache>/runsc-<BuildName>/runsc.
+func BuildName() string { return PinnedVersion + "-" + gvisorpatches.Digest() }

@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -58,6 +60,12 @@ func TestPinnedVersionMatchesMakefile(t *testing.T) {
 	m := regexp.MustCompile(`(?m)^RUNSC_VERSION\s*:?=\s*(\S+)`).FindSubmatch(mk)
 	if m == nil || string(m[1]) != gvisor.PinnedVersion {
 		t.Fatalf("Makefile RUNSC_VERSION = %q, gvisor.PinnedVersion = %q", m, gvisor.PinnedVersion)
+	}
+	// And the build name (version and patches' digest) where the server
+	// looks for the build.
+	out, err := exec.Command("make", "-s", "-C", testenv.RepoRoot(), "print-runsc-build").Output()
+	if got := strings.TrimSpace(string(out)); err != nil || got != gvisor.BuildName() {
+		t.Fatalf("make print-runsc-build = %q, %v; gvisor.BuildName() = %q", got, err, gvisor.BuildName())
 	}
 }
 
@@ -267,4 +275,28 @@ func newDriver(t *testing.T) (*gvisor.Driver, func() driver.Spec) {
 		t.Fatal(err)
 	}
 	return d, func() driver.Spec { return newSpec(root, tpl.Path, agent) }
+}
+
+// A runsc with the features file `make runsc` writes streams its tar (no
+// file limit on snapshots); any other is held to the sandbox's room.
+func TestExportFileLimitByBuild(t *testing.T) {
+	runsc := testenv.Runsc(t)
+	for _, streams := range []bool{true, false} {
+		dir := t.TempDir()
+		link := filepath.Join(dir, "runsc")
+		if err := os.Symlink(runsc, link); err != nil {
+			t.Fatal(err)
+		}
+		if streams {
+			os.WriteFile(filepath.Join(dir, "features"), []byte("other\ntar-stream\n"), 0o644)
+		}
+		d, err := gvisor.New(t.Context(), gvisor.Config{Runsc: link, Root: filepath.Join(dir, "root"), GroupCPUShares: -1, Log: slog.Default()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := d.ExportFileLimitFor(256 << 20)
+		if streams && got != math.MaxInt64 || !streams && (got <= 0 || got >= 512<<20) {
+			t.Errorf("features %v: limit for a 256 MiB sandbox %d", streams, got)
+		}
+	}
 }
