@@ -532,6 +532,12 @@ func TestLargeFileSnapshot(t *testing.T) {
 	if r := s.sh(id, "sha256sum < /home/user/big; stat -c %s /home/user/sparse"); r.Stdout != sum+"1073741824\n" {
 		t.Errorf("restored: %+v, want %q and the sparse size", r, sum)
 	}
+	// The sparse file came back sparse: the writable layer holds the
+	// 300 MiB file, not 1.3 GiB (the agent leaves holes for zero blocks).
+	r := s.sh(id, "df -m --output=used / | tail -1")
+	if used, err := strconv.Atoi(strings.TrimSpace(r.Stdout)); err != nil || used > 700 {
+		t.Errorf("writable layer after the restore: %q MiB used", r.Stdout)
+	}
 }
 
 // A command running in the foreground while its sandbox is checkpointed

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"io/fs"
@@ -181,6 +182,50 @@ func (a *Agent) handleRead(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.CopyBuffer(struct{ io.Writer }{w}, struct{ io.Reader }{f}, buf)
 }
 
+// sparseBlock is the unit copySparse reads, and leaves as a hole when it is
+// all zeros.
+const sparseBlock = 256 << 10
+
+var zeroBlock [sparseBlock]byte
+
+// copySparse copies src into f, a new empty file, leaving a hole for every
+// whole block of zeros instead of writing it, as `cp --sparse=auto` does: a
+// restored sparse file (a VM image, a database's preallocation) stays
+// sparse, and its zeros cost the sandbox neither disk nor memory. Write,
+// seek and truncate errors are f's *fs.PathError; others are src's.
+func copySparse(f *os.File, src io.Reader) (int64, error) {
+	buf := make([]byte, sparseBlock)
+	var n int64
+	hole := false // the file ends in a hole: its size needs setting
+	for {
+		k, rerr := io.ReadFull(src, buf)
+		if k == len(buf) && bytes.Equal(buf, zeroBlock[:]) {
+			if _, err := f.Seek(int64(k), io.SeekCurrent); err != nil {
+				return n, err
+			}
+			hole = true
+		} else if k > 0 {
+			if _, err := f.Write(buf[:k]); err != nil {
+				return n, err
+			}
+			hole = false
+		}
+		n += int64(k)
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+	if hole {
+		if err := f.Truncate(n); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
 // tempPrefix names the temporary file a write fills before its rename.
 const tempPrefix = ".space-write-"
 
@@ -269,8 +314,7 @@ func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 			os.Remove(tmp.Name())
 		}
 	}()
-	buf := make([]byte, 256<<10)
-	if _, err := io.CopyBuffer(struct{ io.Writer }{tmp}, struct{ io.Reader }{r.Body}, buf); err != nil {
+	if _, err := copySparse(tmp, r.Body); err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
 			writeError(w, osError(asTarget(err, path)))

@@ -113,8 +113,7 @@ func writeNoFollow(path string, body io.Reader, acct account, mode os.FileMode, 
 			_ = unix.Unlinkat(dirfd, tmp, 0)
 		}
 	}()
-	buf := make([]byte, 256<<10)
-	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, struct{ io.Reader }{body}, buf); err != nil {
+	if _, err := copySparse(f, body); err != nil {
 		var pe *os.PathError
 		if errors.As(err, &pe) {
 			return osError(asTarget(err, path))
