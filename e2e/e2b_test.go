@@ -398,6 +398,14 @@ func TestE2BPorts(t *testing.T) {
 	if code, _ := get("/x", host, ""); code != 401 {
 		t.Errorf("no token: %d", code)
 	}
+	// Another sandbox's token (another team's, here) opens nothing here.
+	other := e2bCreate(t, url, s.teamKey("e2b-ports-other"))
+	if code, _ := get("/x", host, other.Traffic); code != 401 {
+		t.Errorf("another sandbox's traffic token: %d", code)
+	}
+	if code, _ := httpGet(t, url+"/x", host, http.Header{"X-Access-Token": {other.Token}}); code != 401 {
+		t.Errorf("another sandbox's envd token: %d", code)
+	}
 	if code, body := get("/x", "8001-"+made.ID+".space.test", made.Traffic); code != 502 || !strings.Contains(body, "nothing listens") {
 		t.Errorf("closed port: %d %s", code, body)
 	}
