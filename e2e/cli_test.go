@@ -65,6 +65,12 @@ func TestCLI(t *testing.T) {
 	if !strings.Contains(out, "data.csv") || !strings.Contains(out, "out.csv") {
 		t.Errorf("ls: %q", out)
 	}
+	if _, errOut, code = run("", "cp", "--user", "root", local, id+":/home/user/rootcopy/data.csv"); code != 0 {
+		t.Fatalf("cp --user root: %d %s", code, errOut)
+	}
+	if out, _, _ = run("", "exec", id, "--", "stat", "-c", "%U", "/home/user/rootcopy", "/home/user/rootcopy/data.csv"); out != "root\nroot\n" {
+		t.Errorf("owners after cp --user root: %q", out)
+	}
 	out, _, code = run("", "exec", id, "--background", "--", "sh", "-c", "echo started; sleep 0.3; echo done")
 	pid := strings.TrimSpace(out)
 	if code != 0 || pid == "" {

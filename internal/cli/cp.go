@@ -44,7 +44,8 @@ func parseLocation(s string) (location, error) {
 }
 
 func (a *app) cpCommand() *cobra.Command {
-	return &cobra.Command{
+	var user string
+	cmd := &cobra.Command{
 		Use:   "cp <src> <dst>",
 		Short: "Copy a file to or from a sandbox (one side is <id>:/path; - is stdin/stdout)",
 		Args:  cobra.ExactArgs(2),
@@ -67,16 +68,21 @@ func (a *app) cpCommand() *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			if dst.remote() {
-				return a.upload(ctx, c, src.Path, dst, strings.HasSuffix(args[1], "/"))
+				return a.upload(ctx, c, src.Path, dst, strings.HasSuffix(args[1], "/"), user)
+			}
+			if user != "" {
+				return usageError(cmd, "--user is for copies into a sandbox")
 			}
 			return a.download(ctx, c, src, dst.Path)
 		},
 	}
+	cmd.Flags().StringVar(&user, "user", "", "the user who owns the copy in the sandbox (default: its default user)")
+	return cmd
 }
 
 // upload streams a local file (or stdin) to dst; a dst that is a directory
 // (or ends in /) receives the file under its base name.
-func (a *app) upload(ctx context.Context, c *space.Client, local string, dst location, dstIsDir bool) error {
+func (a *app) upload(ctx context.Context, c *space.Client, local string, dst location, dstIsDir bool, user string) error {
 	var r io.Reader = a.stdin
 	if local != "-" {
 		f, err := os.Open(local)
@@ -107,7 +113,7 @@ func (a *app) upload(ctx context.Context, c *space.Client, local string, dst loc
 	} else if dstIsDir {
 		return errors.New("cannot copy stdin into a directory: name the file")
 	}
-	_, err := c.WriteFile(ctx, dst.ID, dst.Path, r)
+	_, err := c.WriteFileAs(ctx, dst.ID, dst.Path, user, r)
 	return err
 }
 

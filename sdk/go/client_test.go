@@ -540,3 +540,26 @@ func TestPortTransport(t *testing.T) {
 		t.Errorf("request: %s %s %q auth %q; body %q", got.Method, got.URL.Path, got.URL.RawQuery, got.Header.Get("Authorization"), b)
 	}
 }
+
+func TestWriteFileAsAndMkdirAs(t *testing.T) {
+	var got []string
+	c := fake(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = append(got, r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery+" "+string(b))
+		io.WriteString(w, `{"path":"/x"}`)
+	})
+	ctx := context.Background()
+	c.WriteFileAs(ctx, "sb-1", "/etc/x", "root", strings.NewReader("data"))
+	c.WriteFile(ctx, "sb-1", "/home/user/x", strings.NewReader("d"))
+	c.MkdirAs(ctx, "sb-1", "/opt/d", "root")
+	c.Mkdir(ctx, "sb-1", "/home/user/d")
+	want := []string{
+		"PUT /v1/sandboxes/sb-1/files?path=%2Fetc%2Fx&user=root data",
+		"PUT /v1/sandboxes/sb-1/files?path=%2Fhome%2Fuser%2Fx d",
+		`POST /v1/sandboxes/sb-1/files/mkdir? {"path":"/opt/d","user":"root"}`,
+		`POST /v1/sandboxes/sb-1/files/mkdir? {"path":"/home/user/d"}`,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("requests:\n%q\nwant\n%q", got, want)
+	}
+}

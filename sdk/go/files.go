@@ -45,14 +45,24 @@ func filesPath(id, op string) string {
 // it is read, never buffered whole; when r is an *os.File, a
 // *bytes.Reader or similar the length is sent too.
 func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader) (*FileInfo, error) {
+	return c.WriteFileAs(ctx, id, path, "", r)
+}
+
+// WriteFileAs is WriteFile with the file, and the directories made for it,
+// owned by user (the sandbox's default user when empty).
+func (c *Client) WriteFileAs(ctx context.Context, id, path, user string, r io.Reader) (*FileInfo, error) {
 	if r == nil {
 		r = http.NoBody
+	}
+	q := url.Values{"path": {path}}
+	if user != "" {
+		q.Set("user", user)
 	}
 	var fi FileInfo
 	err := c.do(ctx, request{
 		method: http.MethodPut,
 		path:   filesPath(id, ""),
-		query:  url.Values{"path": {path}},
+		query:  q,
 		body:   r,
 		ctype:  "application/octet-stream",
 	}, &fi)
@@ -114,10 +124,17 @@ func (c *Client) ListFiles(ctx context.Context, id, path string, depth int) ([]F
 
 // Mkdir creates the directory at path and any missing parents.
 func (c *Client) Mkdir(ctx context.Context, id, path string) (*FileInfo, error) {
+	return c.MkdirAs(ctx, id, path, "")
+}
+
+// MkdirAs is Mkdir with the directories made owned by user (the sandbox's
+// default user when empty).
+func (c *Client) MkdirAs(ctx context.Context, id, path, user string) (*FileInfo, error) {
 	var fi FileInfo
 	body := struct {
 		Path string `json:"path"`
-	}{path}
+		User string `json:"user,omitempty"`
+	}{path, user}
 	if err := c.do(ctx, request{method: http.MethodPost, path: filesPath(id, "mkdir"), json: body}, &fi); err != nil {
 		return nil, err
 	}
