@@ -330,7 +330,14 @@ func (s *Service) watch(id string, l *live) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			if err := mw.WatchMemory(ctx, func() { s.reclaimMemory(id, l) }); err != nil {
-				s.log.Warn("no memory watch: a process past the sandbox's memory stops the sandbox", "sandbox", id, "err", err)
+				s.mu.Lock()
+				gone := s.live[id] != l
+				s.mu.Unlock()
+				if gone { // destroyed before its watch was registered (its cgroup went with it)
+					s.log.Debug("no memory watch: the sandbox is gone", "sandbox", id, "err", err)
+				} else {
+					s.log.Warn("no memory watch: a process past the sandbox's memory stops the sandbox", "sandbox", id, "err", err)
+				}
 			}
 		}
 		st, err := l.inst.Wait(context.Background())
