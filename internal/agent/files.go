@@ -198,7 +198,7 @@ func copySparse(f *os.File, src io.Reader) (int64, error) {
 	var n int64
 	hole := false // the file ends in a hole: its size needs setting
 	for {
-		k, rerr := io.ReadFull(src, buf)
+		k, rerr := fill(src, buf)
 		if k == len(buf) && bytes.Equal(buf, zeroBlock[:]) {
 			if _, err := f.Seek(int64(k), io.SeekCurrent); err != nil {
 				return n, err
@@ -211,7 +211,7 @@ func copySparse(f *os.File, src io.Reader) (int64, error) {
 			hole = false
 		}
 		n += int64(k)
-		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+		if rerr == io.EOF {
 			break
 		}
 		if rerr != nil {
@@ -220,6 +220,22 @@ func copySparse(f *os.File, src io.Reader) (int64, error) {
 	}
 	if hole {
 		if err := f.Truncate(n); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// fill reads into buf until it is full or src ends: io.EOF once nothing
+// more comes, any other error as src gave it. (io.ReadFull would turn a
+// short final read into io.ErrUnexpectedEOF, which is also what a body cut
+// short of its length reads as: the two must stay apart.)
+func fill(src io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		k, err := src.Read(buf[n:])
+		n += k
+		if err != nil {
 			return n, err
 		}
 	}

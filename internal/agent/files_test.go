@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"io"
 	"io/fs"
 	"os"
 	"strings"
@@ -60,5 +61,20 @@ func TestCopySparse(t *testing.T) {
 		if st.Blocks*512 >= int64(len(d))/2 {
 			t.Errorf("tail %d: %d bytes on disk for a %d-byte file of mostly zeros", tail, st.Blocks*512, len(d))
 		}
+	}
+}
+
+// TestCopySparseKeepsReadErrors: a source that ends early with an error
+// (a body cut short of its length reads as io.ErrUnexpectedEOF) fails the
+// copy; only io.EOF ends it.
+func TestCopySparseKeepsReadErrors(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "short")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	src := io.MultiReader(strings.NewReader("0123456789"), iotest.ErrReader(io.ErrUnexpectedEOF))
+	if _, err := copySparse(f, src); err != io.ErrUnexpectedEOF {
+		t.Errorf("copySparse of a short body = %v, want io.ErrUnexpectedEOF", err)
 	}
 }
