@@ -302,7 +302,13 @@ type e2bSandbox struct {
 // destroyed when t ends.
 func e2bCreate(t *testing.T, url, key string) e2bSandbox {
 	t.Helper()
-	req, _ := http.NewRequest("POST", url+"/sandboxes", strings.NewReader(`{"templateID":"base"}`))
+	return e2bCreateWith(t, url, key, `{"templateID":"base"}`)
+}
+
+// e2bCreateWith is e2bCreate with the create body given.
+func e2bCreateWith(t *testing.T, url, key, body string) e2bSandbox {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/sandboxes", strings.NewReader(body))
 	req.Header.Set("X-API-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
@@ -405,6 +411,22 @@ func TestE2BPorts(t *testing.T) {
 	}
 	if code, _ := httpGet(t, url+"/x", host, http.Header{"X-Access-Token": {other.Token}}); code != 401 {
 		t.Errorf("another sandbox's envd token: %d", code)
+	}
+	// allowPublicTraffic: true (only an explicit true) opens a sandbox's
+	// ports without a token; the space API still needs its key.
+	pub := e2bCreateWith(t, url, key, `{"templateID":"base","network":{"allowPublicTraffic":true}}`)
+	startPortServer(t, s, key, "sb-"+pub.ID, 8000)
+	if code, body := get("/open", "8000-"+pub.ID+".space.test", ""); code != 200 || body != "path=/open" {
+		t.Errorf("a public sandbox's port without a token: %d %q", code, body)
+	}
+	var view struct {
+		PublicPorts bool `json:"public_ports"`
+	}
+	if s.do("GET", "/v1/sandboxes/sb-"+pub.ID, key, nil, &view); !view.PublicPorts {
+		t.Errorf("the sandbox's view does not say its ports are public")
+	}
+	if code, _ := httpGet(t, s.url+"/v1/sandboxes/sb-"+pub.ID+"/ports/8000/open", "", nil); code != 401 {
+		t.Errorf("the /v1 port path without a key, public sandbox: %d", code)
 	}
 	if code, body := get("/x", "8001-"+made.ID+".space.test", made.Traffic); code != 502 || !strings.Contains(body, "nothing listens") {
 		t.Errorf("closed port: %d %s", code, body)

@@ -225,6 +225,22 @@ func TestPorts(t *testing.T) {
 	}
 	conn.Close()
 
+	// public_ports is a create option the record keeps (it opens the E2B
+	// host names; TestE2BPorts), and the /v1 path still needs the key.
+	var pub struct {
+		ID          string `json:"id"`
+		PublicPorts bool   `json:"public_ports"`
+	}
+	if code := s.do("POST", "/v1/sandboxes", key, map[string]any{"public_ports": true}, &pub); code != 201 || !pub.PublicPorts {
+		t.Errorf("create with public_ports: %d %+v", code, pub)
+	}
+	if pub.ID != "" {
+		defer s.do("DELETE", "/v1/sandboxes/"+pub.ID, key, nil, nil)
+		if code, _ := get(s.url+"/v1/sandboxes/"+pub.ID+"/ports/8000/", ""); code != 401 {
+			t.Errorf("the /v1 port path of a public sandbox without a key: %d", code)
+		}
+	}
+
 	// Refusals, as JSON errors.
 	var e apiError
 	if code := s.do("GET", "/v1/sandboxes/"+sb.ID+"/ports/8001/", key, nil, &e); code != 503 || !strings.Contains(e.Message, "nothing listens on port 8001") {

@@ -169,6 +169,10 @@ type createBody struct {
 	Network             *struct {
 		AllowOut []string `json:"allowOut"`
 		DenyOut  []string `json:"denyOut"`
+		// AllowPublicTraffic true makes the sandbox's getHost(port) URLs
+		// answer without a token. E2B's default is true; space's is
+		// false: only an explicit true opens them.
+		AllowPublicTraffic *bool `json:"allowPublicTraffic"`
 	} `json:"network"`
 	AutoPause bool  `json:"autoPause"`
 	Secure    *bool `json:"secure"`
@@ -214,6 +218,9 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 			allow, deny = b.Network.AllowOut, b.Network.DenyOut
 		}
 		req.Network = networkSpec(b.AllowInternetAccess, allow, deny)
+	}
+	if b.Network != nil && b.Network.AllowPublicTraffic != nil && *b.Network.AllowPublicTraffic {
+		req.PublicPorts = true
 	}
 	sb, err := h.svc.Create(r.Context(), c, req)
 	if err != nil {

@@ -14,14 +14,15 @@ import (
 // unless the sandbox was created with allowPublicTraffic: false; space
 // asks every request for the sandbox's traffic access token
 // (E2B-Traffic-Access-Token) or envd access token (X-Access-Token), which
-// are not passed on.
+// are not passed on, unless the sandbox was created with
+// allowPublicTraffic: true (store.Sandbox.PublicPorts).
 func (h *Handler) servePort(w http.ResponseWriter, r *http.Request, id string, port int) {
 	sb, err := h.svc.Get(r.Context(), sandbox.Caller{Admin: true}, id)
 	if err != nil || sb.State != sandbox.StateRunning {
 		writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is not running")
 		return
 	}
-	if !h.trafficAllowed(r, id) {
+	if !sb.PublicPorts && !h.trafficAllowed(r, id) {
 		writeJSONError(w, http.StatusUnauthorized, "unauthorized: sandbox ports need the E2B-Traffic-Access-Token header (the create answer's trafficAccessToken) or X-Access-Token")
 		return
 	}

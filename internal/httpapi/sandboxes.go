@@ -27,6 +27,8 @@ type Sandbox struct {
 	CreatedAt time.Time         `json:"created_at"`
 	ExpiresAt time.Time         `json:"expires_at"`
 	StoppedAt *time.Time        `json:"stopped_at,omitempty"`
+	// PublicPorts: its ports answer without a token on the E2B listener.
+	PublicPorts bool `json:"public_ports,omitempty"`
 }
 
 func viewSandbox(sb store.Sandbox) Sandbox {
@@ -38,6 +40,7 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 		ID: sb.ID, State: sb.State, Reason: sb.Reason, Template: sb.Template, Driver: sb.Driver,
 		CPU: sb.CPU, MemoryMB: sb.MemoryMB, TimeoutS: sb.TimeoutS, OnTimeout: sb.OnTimeout,
 		Metadata: md, CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, StoppedAt: sb.StoppedAt,
+		PublicPorts: sb.PublicPorts,
 	}
 }
 

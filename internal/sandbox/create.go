@@ -39,6 +39,11 @@ type CreateRequest struct {
 	// an opaque placeholder for each, which the egress proxy swaps for
 	// the value on the way to the secret's hosts only.
 	Secrets []string `json:"secrets"`
+	// PublicPorts lets anyone who knows a port's <port>-<id>.<domain> name
+	// on the E2B listener reach it without a token (E2B's
+	// allowPublicTraffic: true). Off by default; the /v1 port path always
+	// needs the API key. Forks and restores of the sandbox keep it.
+	PublicPorts bool `json:"public_ports"`
 }
 
 var (
@@ -184,7 +189,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		Driver: req.Driver, State: StateCreating, Env: req.Env, Metadata: req.Metadata,
 		CPU: req.CPU, MemoryMB: req.MemoryMB, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(time.Duration(req.TimeoutS) * time.Second),
-		SnapshotIntervalS: req.SnapshotIntervalS, RetentionDays: req.RetentionDays,
+		SnapshotIntervalS: req.SnapshotIntervalS, RetentionDays: req.RetentionDays, PublicPorts: req.PublicPorts,
 	}
 	if sb.Env == nil {
 		sb.Env = map[string]string{}

@@ -164,6 +164,9 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 	if req.OnTimeout != "" {
 		sb.OnTimeout = req.OnTimeout
 	}
+	if req.PublicPorts {
+		sb.PublicPorts = true
+	}
 	if req.Metadata != nil {
 		sb.Metadata = req.Metadata
 	}

@@ -128,6 +128,10 @@ CREATE INDEX sandboxes_live_team ON sandboxes(team) WHERE state IN ('creating', 
 	`
 ALTER TABLE team_quotas ADD COLUMN max_snapshot_mb INTEGER NOT NULL DEFAULT 0;
 `,
+	// 7: ports reachable without a token on the E2B listener.
+	`
+ALTER TABLE sandboxes ADD COLUMN public_ports INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

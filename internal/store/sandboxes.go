@@ -42,6 +42,10 @@ type Sandbox struct {
 	// Per-sandbox snapshot history settings (0: the server's).
 	SnapshotIntervalS int // seconds between automatic files snapshots; -1: none
 	RetentionDays     int // how long this sandbox's history is kept
+	// PublicPorts lets anyone who knows a port's <port>-<id>.<domain> name
+	// on the E2B listener reach it without a token (E2B's
+	// allowPublicTraffic); off unless asked for at create.
+	PublicPorts bool
 }
 
 // SandboxFilter selects sandboxes for ListSandboxes. Empty fields match
@@ -62,18 +66,20 @@ const (
 
 const sandboxCols = `id, team, template, template_digest, driver, state, reason, handle, env, metadata,
 	cpu, memory_mb, timeout_s, on_timeout, created_at, updated_at, expires_at, stopped_at,
-	snapshot_interval_s, retention_days`
+	snapshot_interval_s, retention_days, public_ports`
 
 func scanSandbox(sc scanner) (Sandbox, error) {
 	var sb Sandbox
 	var env, md string
 	var created, updated, expires int64
 	var stopped sql.NullInt64
+	var public int
 	if err := sc.Scan(&sb.ID, &sb.Team, &sb.Template, &sb.TemplateDigest, &sb.Driver, &sb.State, &sb.Reason,
 		&sb.Handle, &env, &md, &sb.CPU, &sb.MemoryMB, &sb.TimeoutS, &sb.OnTimeout,
-		&created, &updated, &expires, &stopped, &sb.SnapshotIntervalS, &sb.RetentionDays); err != nil {
+		&created, &updated, &expires, &stopped, &sb.SnapshotIntervalS, &sb.RetentionDays, &public); err != nil {
 		return Sandbox{}, err
 	}
+	sb.PublicPorts = public != 0
 	var err error
 	if sb.Env, err = decodeMap(env); err != nil {
 		return Sandbox{}, err
@@ -121,8 +127,8 @@ func (s *Store) CreateSandboxWithin(ctx context.Context, sb Sandbox, q Quota) er
 	args := []any{sb.ID, sb.Team, sb.Template, sb.TemplateDigest, sb.Driver, sb.State, sb.Reason, sb.Handle, env, md,
 		sb.CPU, sb.MemoryMB, sb.TimeoutS, sb.OnTimeout,
 		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt), toNullNanos(sb.StoppedAt),
-		sb.SnapshotIntervalS, sb.RetentionDays}
-	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
+		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts)}
+	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
 	if q.SandboxesUnlimited() {
 		_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES (`+values+`)`, args...)
 		return classify(err, "sandbox "+sb.ID)

@@ -38,6 +38,9 @@ type Sandbox struct {
 	CreatedAt time.Time         `json:"created_at"`
 	ExpiresAt time.Time         `json:"expires_at"`
 	StoppedAt *time.Time        `json:"stopped_at,omitempty"`
+	// PublicPorts: its ports answer without a token on the server's E2B
+	// listener (<port>-<id>.<domain>).
+	PublicPorts bool `json:"public_ports,omitempty"`
 }
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes. Zero fields take the
@@ -59,6 +62,11 @@ type CreateSandboxRequest struct {
 	// gets a placeholder for each, swapped for the value by the egress proxy
 	// only on the way to the secret's hosts.
 	Secrets []string `json:"secrets,omitempty"`
+	// PublicPorts lets anyone who knows a port's <port>-<id>.<domain> name
+	// on the server's E2B listener reach it without a token (E2B's
+	// allowPublicTraffic). The /v1 port path (PortURL, PortTransport)
+	// always needs the API key.
+	PublicPorts bool `json:"public_ports,omitempty"`
 }
 
 // CreateSandbox creates and starts a sandbox. It returns when the sandbox is
