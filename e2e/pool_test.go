@@ -3,6 +3,7 @@ package e2e
 import (
 	"io"
 	"net/http"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -158,4 +159,34 @@ func TestWarmPool(t *testing.T) {
 	// Graceful shutdown drains the pool: no runsc of this data dir is left.
 	s.stop(false)
 	waitFor(t, "pooled sandboxes to be destroyed", 60*time.Second, func() bool { return len(runscProcs(s.data)) == 0 })
+}
+
+// TestOrphanCgroupsRemovedAtStart: empty sandbox cgroups left by sandboxes
+// killed without their cleanup are removed when a server starts; recent
+// ones (a create in progress, maybe another server's) are left alone.
+func TestOrphanCgroupsRemovedAtStart(t *testing.T) {
+	old := time.Now().Add(-time.Hour)
+	orphan, fresh := fmt.Sprintf("sb-e2eorphan%d", os.Getpid()), fmt.Sprintf("sb-e2efresh%d", os.Getpid())
+	for _, id := range []string{orphan, fresh} {
+		for _, c := range []string{"pids", "memory"} {
+			d := filepath.Join("/sys/fs/cgroup", c, "space", id)
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if id == orphan {
+				os.Chtimes(d, old, old)
+			}
+			t.Cleanup(func() { os.Remove(d) })
+		}
+	}
+	s := startServer(t, "", "--pool-size", "-1")
+	waitFor(t, "the sweep's log line", 30*time.Second, func() bool { return strings.Contains(s.logText(), "removed orphaned sandbox cgroups") })
+	for _, c := range []string{"pids", "memory"} {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", c, "space", orphan)); err == nil {
+			t.Errorf("the orphan's %s cgroup is still there", c)
+		}
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", c, "space", fresh)); err != nil {
+			t.Errorf("the fresh %s cgroup was removed: %v", c, err)
+		}
+	}
 }

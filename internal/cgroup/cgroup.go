@@ -297,3 +297,54 @@ func write(dir, file, value string) error {
 	}
 	return nil
 }
+
+// RemoveOrphans removes the sandbox cgroups (space/<id> in any hierarchy)
+// whose id match accepts, that hold no process and were made more than
+// olderThan ago: what a sandbox whose runsc or VMM was killed without its
+// cleanup leaves behind. Every server's sandboxes share space/, so a cgroup
+// with a process, with a child cgroup, or made recently (a create places
+// its process right after making it) is never touched. It returns the ids
+// it removed.
+func RemoveOrphans(olderThan time.Duration, match func(id string) bool) []string {
+	ds, _ := filepath.Glob(filepath.Join(Root, "*", Parent, "*"))
+	if Unified() {
+		more, _ := filepath.Glob(filepath.Join(Root, Parent, "*"))
+		ds = append(ds, more...)
+	}
+	byID := map[string][]string{}
+	for _, d := range ds {
+		if fi, err := os.Stat(d); err == nil && fi.IsDir() && match(filepath.Base(d)) {
+			byID[filepath.Base(d)] = append(byID[filepath.Base(d)], d)
+		}
+	}
+	cutoff := time.Now().Add(-olderThan)
+	var removed []string
+	for id, dd := range byID {
+		if !slices.ContainsFunc(dd, func(d string) bool { return !orphanDir(d, cutoff) }) {
+			for _, d := range dd {
+				_ = os.Remove(d) // EBUSY if a process came meanwhile: it stays
+			}
+			removed = append(removed, id)
+		}
+	}
+	slices.Sort(removed)
+	return removed
+}
+
+// orphanDir reports whether cgroup d is older than cutoff, has no process
+// and no child cgroup.
+func orphanDir(d string, cutoff time.Time) bool {
+	fi, err := os.Stat(d)
+	if err != nil || fi.ModTime().After(cutoff) {
+		return false
+	}
+	procs, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+	if err != nil || len(strings.TrimSpace(string(procs))) > 0 {
+		return false
+	}
+	ents, err := os.ReadDir(d)
+	if err != nil {
+		return false
+	}
+	return !slices.ContainsFunc(ents, fs.DirEntry.IsDir)
+}

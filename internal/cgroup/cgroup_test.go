@@ -154,3 +154,64 @@ func TestRemoveBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// RemoveOrphans removes an old, empty sandbox cgroup from every hierarchy
+// and leaves one that is recent, one with a process and one with a child.
+func TestRemoveOrphans(t *testing.T) {
+	needRoot(t)
+	prefix := fmt.Sprintf("test-orphan-%d-", os.Getpid())
+	mine := func(id string) bool { return strings.HasPrefix(id, prefix) }
+	old := time.Now().Add(-time.Hour)
+	mk := func(name string, backdate bool) {
+		t.Helper()
+		for _, d := range dirs(prefix + name) {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if backdate {
+				if err := os.Chtimes(d, old, old); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		t.Cleanup(func() {
+			for _, d := range dirs(prefix + name) {
+				os.Remove(filepath.Join(d, "child"))
+			}
+			Remove(prefix + name)
+		})
+	}
+	mk("orphan", true)
+	mk("fresh", false)
+	mk("child", true)
+	for _, d := range dirs(prefix + "child") {
+		if err := os.Mkdir(filepath.Join(d, "child"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.Chtimes(d, old, old)
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	if err := Place(prefix+"busy", cmd.Process.Pid, Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); Remove(prefix + "busy") })
+	for _, d := range dirs(prefix + "busy") {
+		os.Chtimes(d, old, old)
+	}
+
+	got := RemoveOrphans(10*time.Minute, mine)
+	if len(got) != 1 || got[0] != prefix+"orphan" {
+		t.Errorf("RemoveOrphans = %v, want only %sorphan", got, prefix)
+	}
+	for name, want := range map[string]bool{"orphan": false, "fresh": true, "child": true, "busy": true} {
+		for _, d := range dirs(prefix + name) {
+			if _, err := os.Stat(d); (err == nil) != want {
+				t.Errorf("%s: exists %v, want %v", d, err == nil, want)
+			}
+		}
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/spacesandbox/space/api"
+	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/driver/firecracker"
 	"github.com/spacesandbox/space/internal/driver/gvisor"
@@ -162,6 +163,12 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
 	defer svc.Shutdown()
+	// Sandboxes whose runsc or VMM was killed without its cleanup (a
+	// server or a host that died mid-destroy) leave empty cgroups under
+	// space/: every hierarchy keeps them until removed.
+	if ids := cgroup.RemoveOrphans(orphanCgroupAge, func(id string) bool { return strings.HasPrefix(id, "sb-") }); len(ids) > 0 {
+		log.Info("removed orphaned sandbox cgroups", "count", len(ids), "sandboxes", strings.Join(ids, ","))
+	}
 
 	builder, err := template.NewBuilder(filepath.Join(cfg.CacheDir, "templates"))
 	if err != nil {
@@ -375,6 +382,11 @@ func poolConfigs(cfg Config, specs []PoolSpec) []sandbox.PoolConfig {
 // would pay (snapshot loads take milliseconds) but is untested on a host
 // without KVM, so it stays off.
 func refillsFromImage(drv string) bool { return drv == qemu.Name }
+
+// orphanCgroupAge is how old an empty sandbox cgroup must be to be taken
+// for an orphan at start: a create places its process right after making
+// the cgroup, and another server on the host may be creating one now.
+const orphanCgroupAge = 10 * time.Minute
 
 // reserveMB resolves a --reserve-*-mb flag: 0 is the default (def), -1 off.
 func reserveMB(flag int, def func() int) int {
