@@ -1,9 +1,9 @@
 package e2e
 
 import (
+	"fmt"
 	"io"
 	"net/http"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
