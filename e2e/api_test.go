@@ -10,6 +10,7 @@ import (
 	"math/rand"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +52,9 @@ func TestMain(m *testing.M) {
 		shared.t = &quietT{}
 		shared.stop(true)
 		os.RemoveAll(shared.data)
+	}
+	if binPath != "" { // the binary spaceBin built (27 MB a run, left in /tmp before)
+		os.RemoveAll(filepath.Dir(binPath))
 	}
 	os.Exit(code)
 }
