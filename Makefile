@@ -13,7 +13,7 @@ RUNSC_VERSION := v0.0.0-20260905035102-160fafc42237
 # A features file next to the binary lists what they give (tar-stream: files
 # are streamed into `runsc tar`), which the gvisor driver reads.
 RUNSC_PATCHES := $(sort $(wildcard third_party/gvisor/*.patch))
-RUNSC_BUILD   := $(RUNSC_VERSION)-$(shell cat $(RUNSC_PATCHES) | sha256sum | cut -c1-12)
+RUNSC_BUILD   := $(RUNSC_VERSION)-$(shell cat /dev/null $(RUNSC_PATCHES) | sha256sum | cut -c1-12)
 CACHE  ?= /var/cache/space
 DATA   ?= /var/lib/space
 LISTEN ?= 127.0.0.1:7070
