@@ -136,7 +136,7 @@ func (s *Service) admit(ctx context.Context, team string, n, memoryMB int) (stor
 // goes for free disk (diskHasRoom).
 func (s *Service) hostHasRoom() error {
 	if reserve := s.cfg.ReserveMemoryMB; reserve > 0 {
-		if avail, ok := s.hostMem.availableMB(); ok && avail < int64(reserve) {
+		if avail, ok := s.hostMem.get(); ok && avail < int64(reserve) {
 			return errdefs.Unavailable("the host has %d MiB of memory available, below its reserve of %d MiB: no new sandboxes until some stop", avail, reserve)
 		}
 	}
@@ -152,34 +152,20 @@ func (s *Service) diskHasRoom() error {
 	if reserve <= 0 {
 		return nil
 	}
-	avail, ok := s.hostDisk.availableMB(s.cfg.DataDir)
+	avail, ok := s.hostDisk.get()
 	if !ok || avail >= int64(reserve) {
 		return nil
 	}
 	return errdefs.Newf(errdefs.ErrNoStorage, "the server's disk has %d MiB free, below its reserve of %d MiB: no new sandboxes or snapshots until space is freed", avail, reserve)
 }
 
-// diskGauge is the free space under a directory, read at most every
-// diskGaugeTTL.
-type diskGauge struct {
-	mu      sync.Mutex
-	at      time.Time
-	availMB int64
-	ok      bool
-}
-
-const diskGaugeTTL = time.Second
-
-func (g *diskGauge) availableMB(dir string) (int64, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if now := time.Now(); now.Sub(g.at) >= diskGaugeTTL {
-		var st unix.Statfs_t
-		g.ok = unix.Statfs(dir, &st) == nil
-		g.availMB = int64(st.Bavail) * st.Bsize >> 20
-		g.at = now
+// dirAvailableMB is the free space under dir (false when statfs fails).
+func dirAvailableMB(dir string) (int64, bool) {
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) != nil {
+		return 0, false
 	}
-	return g.availMB, g.ok
+	return int64(st.Bavail) * st.Bsize >> 20, true
 }
 
 // DefaultReserveDiskMB is the disk reserve when none is configured: 5 % of
@@ -192,25 +178,27 @@ func DefaultReserveDiskMB(dir string) int {
 	return int(min(max(int64(st.Blocks)*st.Bsize>>20/20, 512), 10240))
 }
 
-// memGauge is the host's MemAvailable, read at most every memGaugeTTL (a
-// burst of creates reads it once; memory does not move much in 100 ms).
-type memGauge struct {
-	mu      sync.Mutex
-	at      time.Time
-	availMB int64
-	ok      bool
+// gauge caches a reading (the host's MemAvailable, a disk's free space)
+// for ttl: a burst of creates reads it once, and neither moves much in that
+// time.
+type gauge struct {
+	ttl  time.Duration
+	read func() (int64, bool)
+
+	mu  sync.Mutex
+	at  time.Time
+	val int64
+	ok  bool
 }
 
-const memGaugeTTL = 100 * time.Millisecond
-
-func (g *memGauge) availableMB() (int64, bool) {
+func (g *gauge) get() (int64, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if now := time.Now(); now.Sub(g.at) >= memGaugeTTL {
-		g.availMB, g.ok = hostAvailableMB()
+	if now := time.Now(); now.Sub(g.at) >= g.ttl {
+		g.val, g.ok = g.read()
 		g.at = now
 	}
-	return g.availMB, g.ok
+	return g.val, g.ok
 }
 
 // hostAvailableMB reads the host's MemAvailable (false when it cannot).

@@ -109,8 +109,8 @@ type Service struct {
 	lastUse atomic.Int64
 
 	quotas   quotaCache // teams' own quotas, as the store has them
-	hostMem  memGauge   // the host's available memory, for the reserve
-	hostDisk diskGauge  // free space under DataDir, for the disk reserve
+	hostMem  *gauge     // the host's available memory (MiB), for the reserve
+	hostDisk *gauge     // free space under DataDir (MiB), for the disk reserve
 	snapUse  snapUsage  // teams' snapshot data, for their snapshot quotas
 }
 
@@ -189,7 +189,9 @@ func New(cfg Config, st *store.Store, drivers []driver.Driver, log *slog.Logger,
 	if cfg.StoppedRetention == 0 {
 		cfg.StoppedRetention = 24 * time.Hour
 	}
-	s := &Service{cfg: cfg, store: st, drivers: map[string]driver.Driver{}, log: log, metrics: m, now: time.Now, live: map[string]*live{}}
+	s := &Service{cfg: cfg, store: st, drivers: map[string]driver.Driver{}, log: log, metrics: m, now: time.Now, live: map[string]*live{},
+		hostMem:  &gauge{ttl: 100 * time.Millisecond, read: hostAvailableMB},
+		hostDisk: &gauge{ttl: time.Second, read: func() (int64, bool) { return dirAvailableMB(cfg.DataDir) }}}
 	s.procs = newProcLog(st, log)
 	for _, d := range drivers {
 		s.drivers[d.Name()] = d

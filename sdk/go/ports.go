@@ -3,7 +3,7 @@ package space
 import (
 	"fmt"
 	"net/http"
-	"strings"
+	"net/url"
 )
 
 // PortURL is the URL under which port of sandbox id is reached through the
@@ -11,13 +11,13 @@ import (
 // server in the sandbox expects. Requests need the API key as a Bearer
 // token; PortTransport adds it.
 func (c *Client) PortURL(id string, port int) string {
-	if c.base == nil {
-		return ""
-	}
-	u := *c.base
-	u.Path = strings.TrimRight(u.Path, "/") + fmt.Sprintf("/v1/sandboxes/%s/ports/%d", seg(id), port)
-	u.RawPath, u.RawQuery = "", ""
-	return u.String()
+	u, _ := c.endpoint(portPath(id, port), nil)
+	return u
+}
+
+// portPath is the API path of port of sandbox id.
+func portPath(id string, port int) string {
+	return fmt.Sprintf("/v1/sandboxes/%s/ports/%d", seg(id), port)
 }
 
 // PortTransport returns an http.RoundTripper that sends every request to
@@ -43,15 +43,15 @@ type portTransport struct {
 }
 
 func (t *portTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if t.c.base == nil {
-		return nil, fmt.Errorf("space: invalid server URL")
+	target, err := t.c.endpoint(portPath(t.id, t.port)+req.URL.Path, nil)
+	if err != nil {
+		return nil, err
 	}
 	out := req.Clone(req.Context())
-	u := *t.c.base
-	u.Path = strings.TrimRight(u.Path, "/") + fmt.Sprintf("/v1/sandboxes/%s/ports/%d", seg(t.id), t.port) + req.URL.Path
-	u.RawPath = ""
-	u.RawQuery = req.URL.RawQuery
-	out.URL = &u
+	if out.URL, err = url.Parse(target); err != nil {
+		return nil, err
+	}
+	out.URL.RawQuery = req.URL.RawQuery
 	out.Host = ""
 	if t.c.apiKey != "" {
 		out.Header.Set("Authorization", "Bearer "+t.c.apiKey)
