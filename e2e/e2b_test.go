@@ -401,6 +401,12 @@ func TestE2BPorts(t *testing.T) {
 	if code, body := get("/headers", host, made.Traffic); code != 200 || strings.Contains(strings.ToLower(body), "traffic-access-token") || !strings.Contains(body, host) {
 		t.Errorf("headers the sandbox saw: %d %s", code, body)
 	}
+	// E2B's credentials have headers of their own: the app's Authorization
+	// reaches it, the tokens and an E2B API key do not.
+	if code, body := httpGet(t, url+"/headers", host, http.Header{"E2b-Traffic-Access-Token": {made.Traffic}, "X-Api-Key": {key}, "Authorization": {"Bearer app-token"}}); code != 200 ||
+		!strings.Contains(body, `"Authorization": "Bearer app-token"`) || strings.Contains(body, key) || strings.Contains(body, made.Traffic) {
+		t.Errorf("headers the sandbox saw with the app's Authorization: %d %s", code, body)
+	}
 	if code, _ := get("/x", host, ""); code != 401 {
 		t.Errorf("no token: %d", code)
 	}

@@ -154,6 +154,28 @@ func TestPorts(t *testing.T) {
 	if !strings.HasPrefix(hdr["X-Forwarded-For"], "127.0.0.1") || hdr["Host"] == "" {
 		t.Errorf("forwarded headers: %v", hdr)
 	}
+	// With the key as X-API-Key, Authorization is the app's (basic auth, a
+	// notebook's token) and reaches it; the key does not, nor does an
+	// Authorization that carries the key after all.
+	appAuth := "Basic YXBwOnB3"
+	for _, tc := range []struct {
+		auth, want string
+	}{{appAuth, appAuth}, {"Bearer " + key, ""}} {
+		code, body := httpGet(t, base+"/headers", "", http.Header{"X-Api-Key": {key}, "Authorization": {tc.auth}})
+		hdr := map[string]string{}
+		if code != 200 || json.Unmarshal([]byte(body), &hdr) != nil {
+			t.Fatalf("headers with X-API-Key: %d %q", code, body)
+		}
+		if hdr["Authorization"] != tc.want || strings.Contains(body, key) {
+			t.Errorf("with X-API-Key and Authorization %q the sandbox saw %v, want Authorization %q and no key", tc.auth, hdr, tc.want)
+		}
+	}
+	if code, _ := httpGet(t, base+"/headers", "", http.Header{"X-Api-Key": {"wrong"}, "Authorization": {"Bearer " + key}}); code != 401 {
+		t.Errorf("a wrong X-API-Key with a right Bearer token: %d, want 401 (X-API-Key is the key when it is set)", code)
+	}
+	if code, _ := httpGet(t, s.url+"/v1/sandboxes/"+sb.ID, "", http.Header{"X-Api-Key": {key}}); code != 200 {
+		t.Errorf("GET the sandbox with X-API-Key: %d", code)
+	}
 
 	// The Go SDK's transport: any HTTP client talks to the port.
 	hc := &http.Client{Transport: space.NewClient(s.url, key).PortTransport(sb.ID, 8000)}
@@ -180,6 +202,10 @@ func TestPorts(t *testing.T) {
 	}
 	if code, body := httpGet(t, "http://"+local+"/fwd?a=b", "", nil); code != 200 || body != "path=/fwd?a=b" {
 		t.Errorf("through space forward: %d %q", code, body)
+	}
+	if code, body := httpGet(t, "http://"+local+"/headers", "", http.Header{"Authorization": {appAuth}}); code != 200 ||
+		!strings.Contains(body, `"Authorization": "`+appAuth+`"`) || strings.Contains(body, key) {
+		t.Errorf("a browser's basic auth through space forward: %d %q", code, body)
 	}
 	fwd.Process.Signal(os.Interrupt)
 	if err := fwd.Wait(); err != nil {

@@ -215,15 +215,30 @@ func HashKey(key string) []byte {
 	return h[:]
 }
 
+// apiKey returns the request's API key: the X-API-Key header if it is
+// set, else Authorization: Bearer. inAuthorization reports whether the
+// Authorization header carries the key; when it does not, Authorization
+// belongs to whatever the request is for (an app behind a sandbox port).
+func apiKey(r *http.Request) (key string, inAuthorization bool) {
+	auth := r.Header.Get("Authorization")
+	if key = strings.TrimSpace(r.Header.Get("X-Api-Key")); key != "" {
+		return key, strings.Contains(auth, key)
+	}
+	if k, ok := strings.CutPrefix(auth, "Bearer "); ok {
+		return strings.TrimSpace(k), true
+	}
+	return "", false
+}
+
 func (a *API) authed(h func(http.ResponseWriter, *http.Request, sandbox.Caller)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || key == "" {
+		key, _ := apiKey(r)
+		if key == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="space"`)
-			a.writeError(w, r, errdefs.Newf(errdefs.ErrUnauthenticated, "missing Authorization: Bearer <api key>"))
+			a.writeError(w, r, errdefs.Newf(errdefs.ErrUnauthenticated, "missing API key: send Authorization: Bearer <api key> or X-API-Key: <api key>"))
 			return
 		}
-		k, err := a.cfg.Store.KeyByHash(r.Context(), HashKey(strings.TrimSpace(key)))
+		k, err := a.cfg.Store.KeyByHash(r.Context(), HashKey(key))
 		if err != nil {
 			if errors.Is(err, errdefs.ErrNotFound) {
 				err = errdefs.Newf(errdefs.ErrUnauthenticated, "invalid API key")

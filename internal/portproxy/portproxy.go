@@ -53,21 +53,28 @@ func New(dial Dialer) *Proxy {
 	}}
 }
 
-// Headers that carry space's or E2B's credentials: they are for space,
-// never for the sandbox.
-var credentialHeaders = []string{"Authorization", "X-Api-Key", "X-Access-Token", "E2b-Traffic-Access-Token"}
+// CredentialHeaders carry space's or E2B's credentials under names of
+// their own: they are for space, never for the sandbox, and are always
+// removed. Authorization is not among them: it is the app's own header
+// (basic auth, a notebook's token) unless the caller's API key came in it,
+// which the caller of Serve knows and says with strip.
+var CredentialHeaders = []string{"X-Api-Key", "X-Access-Token", "E2b-Traffic-Access-Token"}
 
 // Serve forwards r to port of sandbox id with path as its path (the query
-// is kept). The inbound Host is kept (dev servers check it); credential
-// headers are removed; X-Forwarded-* are set. Failures before the sandbox
-// answered go to onError. ctx values of r reach the Dialer.
-func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, id string, port int, path string, onError func(http.ResponseWriter, *http.Request, error)) {
+// is kept). The inbound Host is kept (dev servers check it);
+// CredentialHeaders and the headers in strip are removed; X-Forwarded-*
+// are set. Failures before the sandbox answered go to onError. ctx values
+// of r reach the Dialer.
+func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, id string, port int, path string, strip []string, onError func(http.ResponseWriter, *http.Request, error)) {
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = strconv.Itoa(port) + "." + id + poolSuffix
 			pr.Out.URL.Path, pr.Out.URL.RawPath = path, ""
-			for _, h := range credentialHeaders {
+			for _, h := range CredentialHeaders {
+				pr.Out.Header.Del(h)
+			}
+			for _, h := range strip {
 				pr.Out.Header.Del(h)
 			}
 			pr.SetXForwarded()

@@ -529,15 +529,17 @@ func TestPortTransport(t *testing.T) {
 		t.Errorf("PortURL = %q", u)
 	}
 	hc := &http.Client{Transport: c.PortTransport("sb-1", 8000)}
-	resp, err := hc.Get("http://anything.invalid/api/items?page=2")
+	req, _ := http.NewRequest("GET", "http://anything.invalid/api/items?page=2", nil)
+	req.SetBasicAuth("app", "pw") // the app's own: it must reach the app
+	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if string(b) != "from the sandbox" || got.URL.Path != "/v1/sandboxes/sb-1/ports/8000/api/items" || got.URL.RawQuery != "page=2" ||
-		got.Header.Get("Authorization") != "Bearer k3y" {
-		t.Errorf("request: %s %s %q auth %q; body %q", got.Method, got.URL.Path, got.URL.RawQuery, got.Header.Get("Authorization"), b)
+		got.Header.Get("X-API-Key") != "k3y" || got.Header.Get("Authorization") != req.Header.Get("Authorization") {
+		t.Errorf("request: %s %s %q key %q auth %q; body %q", got.Method, got.URL.Path, got.URL.RawQuery, got.Header.Get("X-API-Key"), got.Header.Get("Authorization"), b)
 	}
 }
 

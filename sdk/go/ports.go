@@ -8,8 +8,10 @@ import (
 
 // PortURL is the URL under which port of sandbox id is reached through the
 // server (GET /v1/sandboxes/{id}/ports/{port}/…): append the path the
-// server in the sandbox expects. Requests need the API key as a Bearer
-// token; PortTransport adds it.
+// server in the sandbox expects. Requests need the API key, as
+// X-API-Key (then an Authorization header of the request is the app's and
+// reaches it) or as an Authorization Bearer token (then it does not);
+// PortTransport adds it as X-API-Key.
 func (c *Client) PortURL(id string, port int) string {
 	u, _ := c.endpoint(portPath(id, port), nil)
 	return u
@@ -22,7 +24,8 @@ func portPath(id string, port int) string {
 
 // PortTransport returns an http.RoundTripper that sends every request to
 // port of sandbox id, whatever its URL's host: keep the request's path and
-// query, swap the scheme and host for the server's, add the API key. With
+// query, swap the scheme and host for the server's, add the API key (as
+// X-API-Key: the request's own Authorization reaches the app). With
 // it, any HTTP client (and anything built on one) talks to a server in the
 // sandbox as if it were local:
 //
@@ -54,7 +57,7 @@ func (t *portTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	out.URL.RawQuery = req.URL.RawQuery
 	out.Host = ""
 	if t.c.apiKey != "" {
-		out.Header.Set("Authorization", "Bearer "+t.c.apiKey)
+		out.Header.Set("X-API-Key", t.c.apiKey)
 	}
 	if t.c.ua != "" && out.Header.Get("User-Agent") == "" {
 		out.Header.Set("User-Agent", t.c.ua)
