@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/server"
+	space "github.com/spacesandbox/space/sdk/go"
 )
 
 // execBreakdown splits the exec round trip into what space adds and what
@@ -121,43 +119,31 @@ func (b *bench) stdoutThroughput(raw *rawRunsc, cid string, rounds int) error {
 	return nil
 }
 
-// sseBytes runs cmd with an SSE exec and returns how many stdout bytes
-// arrived.
+// sseBytes runs cmd with an SSE exec, read and decoded by the Go SDK (what
+// its users get), and returns how many stdout bytes arrived.
 func (b *bench) sseBytes(id, cmd string) (int, error) {
-	j, _ := json.Marshal(map[string]any{"cmd": cmd})
-	req, _ := http.NewRequest("POST", b.url+"/v1/sandboxes/"+id+"/exec", bytes.NewReader(j))
-	req.Header.Set("Authorization", "Bearer "+b.key)
-	req.Header.Set("Accept", "text/event-stream")
-	resp, err := apiClient.Do(req)
+	c := space.NewClient(b.url, b.key, space.WithHTTPClient(apiClient))
+	s, err := c.ExecStream(context.Background(), id, space.ExecRequest{Shell: cmd})
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("sse exec: %w", err)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		return 0, fmt.Errorf("sse exec: HTTP %d", resp.StatusCode)
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	n, event := 0, ""
-	for sc.Scan() {
-		line := sc.Bytes()
-		switch {
-		case bytes.HasPrefix(line, []byte("event: ")):
-			event = string(line[7:])
-		case bytes.HasPrefix(line, []byte("data: ")) && event == "stdout":
-			var d struct {
-				Data    string `json:"data"`
-				DataB64 []byte `json:"data_b64"` // decoded by encoding/json
+	defer s.Close()
+	n := 0
+	for {
+		ev, err := s.Next()
+		if err != nil {
+			return n, fmt.Errorf("sse exec: stream ended without exit: %w", err)
+		}
+		switch ev.Type {
+		case space.EventStdout:
+			n += len(ev.Data)
+		case space.EventExit:
+			if ev.ExitCode != 0 {
+				return n, fmt.Errorf("sse exec: %q exited %d", cmd, ev.ExitCode)
 			}
-			if err := json.Unmarshal(line[6:], &d); err != nil {
-				return n, err
-			}
-			n += len(d.Data) + len(d.DataB64)
-		case bytes.HasPrefix(line, []byte("data: ")) && event == "exit":
 			return n, nil
 		}
 	}
-	return n, fmt.Errorf("sse exec: stream ended without exit: %v", sc.Err())
 }
 
 // densityAndChurn starts a server with a warm pool, fills the machine with

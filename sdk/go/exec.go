@@ -245,6 +245,10 @@ func decodeEvent(raw sseEvent) (Event, error) {
 		}
 		ev.PID = d.PID
 	case EventStdout, EventStderr:
+		if b, ok := decodeOutput(raw.Data); ok {
+			ev.Data = b
+			break
+		}
 		var d struct {
 			Data    *string `json:"data"`
 			DataB64 *string `json:"data_b64"`

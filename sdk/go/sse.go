@@ -29,37 +29,59 @@ const maxSSELine = 16 << 20
 func newSSEReader(r io.Reader) *sseReader {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxSSELine)
-	sc.Split(scanSSELines)
+	sc.Split((&lineSplitter{}).split)
 	return &sseReader{sc: sc}
 }
 
-// scanSSELines splits on CRLF, LF or a lone CR.
-func scanSSELines(data []byte, atEOF bool) (int, []byte, error) {
+// lineSplitter splits on CRLF, LF or a lone CR (a bufio.SplitFunc with a
+// memory). An output chunk is one line of a MiB or more that arrives in
+// many reads, and the Scanner hands the split function the whole line so
+// far after each: checked is how much of it is known to hold no line end,
+// so each byte is looked at once.
+type lineSplitter struct{ checked int }
+
+func (l *lineSplitter) split(data []byte, atEOF bool) (int, []byte, error) {
 	if atEOF && len(data) == 0 {
 		return 0, nil, nil
 	}
-	if i := bytes.IndexAny(data, "\r\n"); i >= 0 {
+	rest := data[l.checked:]
+	i := bytes.IndexByte(rest, '\n')
+	if i < 0 {
+		i = len(rest)
+	}
+	if j := bytes.IndexByte(rest[:i], '\r'); j >= 0 {
+		i = j
+	}
+	if i < len(rest) {
+		i += l.checked
 		if data[i] == '\n' {
-			return i + 1, data[:i], nil
+			return l.token(i+1, data[:i])
 		}
 		// CR: swallow a following LF, which may not have arrived yet.
 		if i+1 < len(data) {
 			if data[i+1] == '\n' {
-				return i + 2, data[:i], nil
+				return l.token(i+2, data[:i])
 			}
-			return i + 1, data[:i], nil
+			return l.token(i+1, data[:i])
 		}
 		if atEOF {
-			return i + 1, data[:i], nil
+			return l.token(i+1, data[:i])
 		}
+		l.checked = i
 		return 0, nil, nil
 	}
 	if atEOF {
 		// A final line without terminator never completes an event, but hand
 		// it over so the caller sees a consistent stream.
-		return len(data), data, nil
+		return l.token(len(data), data)
 	}
+	l.checked = len(data)
 	return 0, nil, nil
+}
+
+func (l *lineSplitter) token(advance int, line []byte) (int, []byte, error) {
+	l.checked = 0
+	return advance, line, nil
 }
 
 // Next returns the next event, io.EOF at a clean end of stream, or the
@@ -71,8 +93,8 @@ func (r *sseReader) Next() (sseEvent, error) {
 		event   string
 	)
 	for r.sc.Scan() {
-		line := r.sc.Text()
-		if line == "" {
+		line := r.sc.Bytes()
+		if len(line) == 0 {
 			if !hasData {
 				event = ""
 				continue
@@ -86,22 +108,24 @@ func (r *sseReader) Next() (sseEvent, error) {
 		if line[0] == ':' {
 			continue // comment, e.g. ": keepalive"
 		}
-		field, value, found := strings.Cut(line, ":")
+		field, value, found := bytes.Cut(line, []byte(":"))
 		if found {
-			value = strings.TrimPrefix(value, " ")
+			value = bytes.TrimPrefix(value, []byte(" "))
 		}
-		switch field {
+		switch string(field) {
 		case "event":
-			event = value
+			event = string(value)
 		case "data":
 			if hasData {
 				data.WriteByte('\n')
+			} else {
+				data.Grow(len(value))
 			}
-			data.WriteString(value)
+			data.Write(value)
 			hasData = true
 		case "id":
-			if !strings.ContainsRune(value, 0) {
-				r.lastID = value
+			if bytes.IndexByte(value, 0) < 0 {
+				r.lastID = string(value)
 			}
 		}
 		// "retry" and unknown fields are ignored.

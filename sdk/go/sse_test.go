@@ -1,7 +1,10 @@
 package space
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -94,5 +97,93 @@ func TestEventStreamBadID(t *testing.T) {
 	s := newEventStream(io.NopCloser(strings.NewReader("event: start\nid: x\ndata: {}\n\n")))
 	if _, err := s.Next(); err == nil {
 		t.Fatal("want error for non-numeric id")
+	}
+}
+
+// outputStream is an SSE exec stream as the server writes it: n stdout
+// events of size bytes each, text (lines of 100 characters) or base64'd
+// binary, then an exit event.
+func outputStream(n, size int, binary bool) []byte {
+	var b strings.Builder
+	chunk := make([]byte, size)
+	for i := range chunk {
+		chunk[i] = "abcdefghij"[i%10]
+		if i%101 == 100 {
+			chunk[i] = '\n'
+		}
+		if binary {
+			chunk[i] = byte(i * 7)
+		}
+	}
+	var data []byte
+	if binary {
+		data, _ = json.Marshal(map[string][]byte{"data_b64": chunk})
+	} else {
+		data, _ = json.Marshal(map[string]string{"data": string(chunk)})
+	}
+	b.WriteString("id: 1\nevent: start\ndata: {\"pid\":7}\n\n")
+	for i := range n {
+		fmt.Fprintf(&b, "id: %d\nevent: stdout\ndata: %s\n\n", i+2, data)
+	}
+	fmt.Fprintf(&b, "id: %d\nevent: exit\ndata: {\"exit_code\":0}\n\n", n+2)
+	return []byte(b.String())
+}
+
+// BenchmarkEventStreamStdout decodes a stream of 1 MiB output chunks as
+// ExecStream's caller does (b.SetBytes counts the output, not the wire).
+func BenchmarkEventStreamStdout(b *testing.B) {
+	for _, binary := range []bool{false, true} {
+		name := "text"
+		if binary {
+			name = "binary"
+		}
+		b.Run(name, func(b *testing.B) {
+			const n, size = 16, 1 << 20
+			in := outputStream(n, size, binary)
+			b.SetBytes(n * size)
+			for b.Loop() {
+				s := newEventStream(io.NopCloser(bytes.NewReader(in)))
+				got := 0
+				for {
+					ev, err := s.Next()
+					if err != nil {
+						break
+					}
+					got += len(ev.Data)
+				}
+				if got != n*size {
+					b.Fatalf("got %d bytes", got)
+				}
+			}
+		})
+	}
+}
+
+// TestEventStreamLongLines: output events of 300 KB, arriving a few bytes
+// or a half read at a time, decode whole (the splitter's memory of what it
+// already looked at survives reads that end mid-line and mid-CRLF).
+func TestEventStreamLongLines(t *testing.T) {
+	for _, binary := range []bool{false, true} {
+		in := outputStream(3, 300<<10, binary)
+		crlf := bytes.ReplaceAll(in, []byte("\n\n"), []byte("\r\n\r\n"))
+		for _, r := range []io.Reader{iotest.HalfReader(bytes.NewReader(in)), iotest.OneByteReader(bytes.NewReader(crlf))} {
+			s := newEventStream(io.NopCloser(r))
+			var got []int
+			for {
+				ev, err := s.Next()
+				if err != nil {
+					if !errors.Is(err, io.EOF) {
+						t.Fatal(err)
+					}
+					break
+				}
+				if ev.Type == EventStdout {
+					got = append(got, len(ev.Data))
+				}
+			}
+			if !reflect.DeepEqual(got, []int{300 << 10, 300 << 10, 300 << 10}) || s.LastSeq() != 5 {
+				t.Errorf("binary %v: chunks %v, last seq %d", binary, got, s.LastSeq())
+			}
+		}
 	}
 }
