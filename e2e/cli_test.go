@@ -107,8 +107,8 @@ func TestCLI(t *testing.T) {
 		t.Errorf("template list: %q", out)
 	}
 	// Quotas: set, shown with the team's use, enforced, reset.
-	out, errOut, code = run("", "quota", "set", "cli-quota", "--max-sandboxes", "1", "--max-snapshot-mb", "100")
-	if code != 0 || out != "team      cli-quota (team quota)\nsandboxes 0 of 1\nmemory    0 MiB of no limit\nsnapshots 0 MiB of 100 MiB\n" {
+	out, errOut, code = run("", "quota", "set", "cli-quota", "--max-sandboxes", "1", "--max-cpu", "4", "--max-snapshot-mb", "100")
+	if code != 0 || out != "team      cli-quota (team quota)\nsandboxes 0 of 1\nmemory    0 MiB of no limit\ncpu       0 of 4\nsnapshots 0 MiB of 100 MiB\n" {
 		t.Errorf("quota set: %d %q %q", code, out, errOut)
 	}
 	teamKey := s.teamKey("cli-quota")
@@ -120,7 +120,7 @@ func TestCLI(t *testing.T) {
 	}
 	out, _, _ = run("", "quota", "get", "cli-quota", "--json")
 	var q quotaView
-	if err := json.Unmarshal([]byte(out), &q); err != nil || q.Usage.Sandboxes != 1 || q.MaxSandboxes != 1 || q.MaxSnapshotMB != 100 {
+	if err := json.Unmarshal([]byte(out), &q); err != nil || q.Usage.Sandboxes != 1 || q.Usage.CPU != 1 || q.MaxSandboxes != 1 || q.MaxCPU != 4 || q.MaxSnapshotMB != 100 {
 		t.Errorf("quota get --json: %q %v", out, err)
 	}
 	if _, errOut, code = run("", "quota", "reset", "cli-quota"); code != 0 {

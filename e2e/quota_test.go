@@ -11,11 +11,13 @@ type quotaView struct {
 	Team          string `json:"team"`
 	MaxSandboxes  int    `json:"max_sandboxes"`
 	MaxMemoryMB   int    `json:"max_memory_mb"`
+	MaxCPU        int    `json:"max_cpu"`
 	MaxSnapshotMB int    `json:"max_snapshot_mb"`
 	Source        string `json:"source"`
 	Usage         struct {
 		Sandboxes  int `json:"sandboxes"`
 		MemoryMB   int `json:"memory_mb"`
+		CPU        int `json:"cpu"`
 		SnapshotMB int `json:"snapshot_mb"`
 	} `json:"usage"`
 }
@@ -125,6 +127,25 @@ func TestQuotas(t *testing.T) {
 		t.Fatalf("create within the memory quota: %d", code)
 	}
 	made = append(made, sb.ID)
+
+	// The CPU limit: 3 sandboxes of 1 CPU held of 4; 2 more do not fit, 1
+	// does, and then a fork does not.
+	if code := s.do("PUT", path, s.key, map[string]int{"max_cpu": -1}, &e); code != 400 || !strings.Contains(e.Message, "max_cpu") {
+		t.Errorf("a negative CPU quota: %d %+v", code, e)
+	}
+	if code := s.do("PUT", path, s.key, map[string]int{"max_cpu": 4}, &q); code != 200 || q.MaxCPU != 4 || q.MaxMemoryMB != 0 || q.Usage.CPU != 3 {
+		t.Fatalf("CPU quota: %d %+v", code, q)
+	}
+	if code := s.do("POST", "/v1/sandboxes", key, map[string]any{"cpu": 2}, &e); code != 429 || !strings.Contains(e.Message, "3 of its 4 CPUs") {
+		t.Errorf("create past the CPU quota: %d %+v", code, e)
+	}
+	if code := s.do("POST", "/v1/sandboxes", key, map[string]any{"cpu": 1}, &sb); code != 201 {
+		t.Fatalf("create within the CPU quota: %d", code)
+	}
+	made = append(made, sb.ID)
+	if code := s.do("POST", "/v1/sandboxes/"+sb.ID+"/fork", key, map[string]int{"count": 1}, &e); code != 429 || !strings.Contains(e.Message, "CPUs") {
+		t.Errorf("fork past the CPU quota: %d %+v", code, e)
+	}
 
 	// Back to the server's default (no limit here).
 	if code := s.do("DELETE", path, s.key, nil, nil); code != 204 {

@@ -182,7 +182,7 @@ func fmtBytes(n int64) string {
 func (a *app) quotaCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "quota",
-		Short: "Show and set a team's quota (sandboxes and memory it may hold at once, data its snapshots may keep)",
+		Short: "Show and set a team's quota (sandboxes, memory and CPUs it may hold at once, data its snapshots may keep)",
 	}
 	var asJSON bool
 	show := func(q *space.Quota) error {
@@ -198,6 +198,7 @@ func (a *app) quotaCommand() *cobra.Command {
 		fmt.Fprintf(a.stdout, "team      %s (%s quota)\n", q.Team, q.Source)
 		fmt.Fprintf(a.stdout, "sandboxes %d of %s\n", q.Usage.Sandboxes, limit(q.MaxSandboxes, ""))
 		fmt.Fprintf(a.stdout, "memory    %d MiB of %s\n", q.Usage.MemoryMB, limit(q.MaxMemoryMB, " MiB"))
+		fmt.Fprintf(a.stdout, "cpu       %d of %s\n", q.Usage.CPU, limit(q.MaxCPU, ""))
 		fmt.Fprintf(a.stdout, "snapshots %d MiB of %s\n", q.Usage.SnapshotMB, limit(q.MaxSnapshotMB, " MiB"))
 		return nil
 	}
@@ -218,9 +219,9 @@ func (a *app) quotaCommand() *cobra.Command {
 		},
 	}
 	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	var maxSandboxes, maxMemory, maxSnapshot int
+	var maxSandboxes, maxMemory, maxCPU, maxSnapshot int
 	set := &cobra.Command{
-		Use:   "set <team> [--max-sandboxes N] [--max-memory-mb N] [--max-snapshot-mb N]",
+		Use:   "set <team> [--max-sandboxes N] [--max-memory-mb N] [--max-cpu N] [--max-snapshot-mb N]",
 		Short: "Give a team a quota of its own (admin; 0 is no limit, a limit not given is none)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -231,11 +232,14 @@ func (a *app) quotaCommand() *cobra.Command {
 			if cmd.Flags().Changed("max-memory-mb") {
 				req.MaxMemoryMB = &maxMemory
 			}
+			if cmd.Flags().Changed("max-cpu") {
+				req.MaxCPU = &maxCPU
+			}
 			if cmd.Flags().Changed("max-snapshot-mb") {
 				req.MaxSnapshotMB = &maxSnapshot
 			}
-			if req.MaxSandboxes == nil && req.MaxMemoryMB == nil && req.MaxSnapshotMB == nil {
-				return usageError(cmd, "give --max-sandboxes, --max-memory-mb, --max-snapshot-mb or some of them")
+			if req.MaxSandboxes == nil && req.MaxMemoryMB == nil && req.MaxCPU == nil && req.MaxSnapshotMB == nil {
+				return usageError(cmd, "give --max-sandboxes, --max-memory-mb, --max-cpu, --max-snapshot-mb or some of them")
 			}
 			c, err := a.sdk()
 			if err != nil {
@@ -250,6 +254,7 @@ func (a *app) quotaCommand() *cobra.Command {
 	}
 	set.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "sandboxes held at once, running or paused (0: no limit)")
 	set.Flags().IntVar(&maxMemory, "max-memory-mb", 0, "memory in MiB of those sandboxes together (0: no limit)")
+	set.Flags().IntVar(&maxCPU, "max-cpu", 0, "CPUs of those sandboxes together (0: no limit)")
 	set.Flags().IntVar(&maxSnapshot, "max-snapshot-mb", 0, "data in MiB the team's snapshots may hold (0: no limit)")
 	set.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	reset := &cobra.Command{

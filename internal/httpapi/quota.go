@@ -13,6 +13,7 @@ import (
 const (
 	maxQuotaSandboxes  = 100000
 	maxQuotaMemoryMB   = 1 << 30
+	maxQuotaCPU        = 1 << 20
 	maxQuotaSnapshotMB = 1 << 40
 )
 
@@ -20,6 +21,7 @@ type quotaView struct {
 	Team          string        `json:"team"`
 	MaxSandboxes  int           `json:"max_sandboxes"`   // 0: no limit
 	MaxMemoryMB   int           `json:"max_memory_mb"`   // 0: no limit
+	MaxCPU        int           `json:"max_cpu"`         // 0: no limit
 	MaxSnapshotMB int           `json:"max_snapshot_mb"` // 0: no limit
 	Source        string        `json:"source"`          // "team" (its own) or "default" (the server's)
 	Usage         teamUsageView `json:"usage"`
@@ -28,6 +30,7 @@ type quotaView struct {
 type teamUsageView struct {
 	Sandboxes  int   `json:"sandboxes"`
 	MemoryMB   int   `json:"memory_mb"`
+	CPU        int   `json:"cpu"`
 	SnapshotMB int64 `json:"snapshot_mb"` // rounded up
 }
 
@@ -36,8 +39,8 @@ func viewQuota(v sandbox.QuotaView) quotaView {
 	if v.Own {
 		src = "team"
 	}
-	return quotaView{Team: v.Team, MaxSandboxes: v.Quota.MaxSandboxes, MaxMemoryMB: v.Quota.MaxMemoryMB, MaxSnapshotMB: v.Quota.MaxSnapshotMB,
-		Source: src, Usage: teamUsageView{Sandboxes: v.Usage.Sandboxes, MemoryMB: v.Usage.MemoryMB, SnapshotMB: (v.SnapshotBytes + 1<<20 - 1) >> 20}}
+	return quotaView{Team: v.Team, MaxSandboxes: v.Quota.MaxSandboxes, MaxMemoryMB: v.Quota.MaxMemoryMB, MaxCPU: v.Quota.MaxCPU, MaxSnapshotMB: v.Quota.MaxSnapshotMB,
+		Source: src, Usage: teamUsageView{Sandboxes: v.Usage.Sandboxes, MemoryMB: v.Usage.MemoryMB, CPU: v.Usage.CPU, SnapshotMB: (v.SnapshotBytes + 1<<20 - 1) >> 20}}
 }
 
 // teamOf reads and checks the {team} path value.
@@ -90,14 +93,15 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 	var req struct {
 		MaxSandboxes  *int `json:"max_sandboxes"`
 		MaxMemoryMB   *int `json:"max_memory_mb"`
+		MaxCPU        *int `json:"max_cpu"`
 		MaxSnapshotMB *int `json:"max_snapshot_mb"`
 	}
 	if err := decode(r, &req); err != nil {
 		a.writeError(w, r, err)
 		return
 	}
-	if req.MaxSandboxes == nil && req.MaxMemoryMB == nil && req.MaxSnapshotMB == nil {
-		a.writeError(w, r, errdefs.InvalidArgument("give max_sandboxes, max_memory_mb, max_snapshot_mb or some of them (0: no limit); DELETE returns the team to the server's default"))
+	if req.MaxSandboxes == nil && req.MaxMemoryMB == nil && req.MaxCPU == nil && req.MaxSnapshotMB == nil {
+		a.writeError(w, r, errdefs.InvalidArgument("give max_sandboxes, max_memory_mb, max_cpu, max_snapshot_mb or some of them (0: no limit); DELETE returns the team to the server's default"))
 		return
 	}
 	var q store.Quota
@@ -109,6 +113,7 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 	}{
 		{"max_sandboxes", req.MaxSandboxes, maxQuotaSandboxes, &q.MaxSandboxes},
 		{"max_memory_mb", req.MaxMemoryMB, maxQuotaMemoryMB, &q.MaxMemoryMB},
+		{"max_cpu", req.MaxCPU, maxQuotaCPU, &q.MaxCPU},
 		{"max_snapshot_mb", req.MaxSnapshotMB, maxQuotaSnapshotMB, &q.MaxSnapshotMB},
 	} {
 		if f.v == nil {

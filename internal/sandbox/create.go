@@ -197,7 +197,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
-	quota, err := s.admit(ctx, sb.Team, 1, sb.MemoryMB)
+	quota, err := s.admit(ctx, sb.Team, 1, store.SizeOf(sb))
 	if err != nil {
 		return store.Sandbox{}, err
 	}

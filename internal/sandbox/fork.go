@@ -47,7 +47,7 @@ func (s *Service) Fork(ctx context.Context, c Caller, id string, count int, sid 
 		}
 		// All children must fit before the checkpoint is taken (each
 		// child's record is checked again when it is written).
-		if _, err := s.admit(ctx, childTeam(c, parent), count, parent.MemoryMB); err != nil {
+		if _, err := s.admit(ctx, childTeam(c, parent), count, store.SizeOf(parent)); err != nil {
 			return nil, err
 		}
 		cp, ok := l.inst.(driver.Checkpointer)
@@ -78,7 +78,7 @@ func (s *Service) Fork(ctx context.Context, c Caller, id string, count int, sid 
 		if sn.SandboxID != parent.ID {
 			return nil, errdefs.InvalidArgument("snapshot %s is not of sandbox %s", sid, id)
 		}
-		if _, err := s.admit(ctx, childTeam(c, parent), count, parent.MemoryMB); err != nil {
+		if _, err := s.admit(ctx, childTeam(c, parent), count, store.SizeOf(parent)); err != nil {
 			return nil, err
 		}
 	}
@@ -174,7 +174,7 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 		sb.Env[k] = v
 	}
 	sb.ExpiresAt = now.Add(time.Duration(sb.TimeoutS) * time.Second)
-	quota, err := s.admit(ctx, sb.Team, 1, sb.MemoryMB)
+	quota, err := s.admit(ctx, sb.Team, 1, store.SizeOf(sb))
 	if err != nil {
 		return store.Sandbox{}, err
 	}

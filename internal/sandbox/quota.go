@@ -107,15 +107,15 @@ func (s *Service) QuotaOf(ctx context.Context, c Caller, team string) (QuotaView
 }
 
 // admit checks, before a create does any work, that team may take n more
-// sandboxes of memoryMB each (its quota; the store decides again when the
+// sandboxes of size sz each (its quota; the store decides again when the
 // record is written) and that the host has memory to spare. It returns the
 // quota to write the records under.
-func (s *Service) admit(ctx context.Context, team string, n, memoryMB int) (store.Quota, error) {
+func (s *Service) admit(ctx context.Context, team string, n int, sz store.Size) (store.Quota, error) {
 	q, _, err := s.Quota(ctx, team)
 	if err != nil {
 		return q, err
 	}
-	if err := s.store.CheckQuota(ctx, team, n, memoryMB, q); err != nil {
+	if err := s.store.CheckQuota(ctx, team, n, sz, q); err != nil {
 		s.metrics.CreatesRefused.WithLabelValues("team").Inc()
 		return q, err
 	}

@@ -76,7 +76,7 @@ func (s *Store) ClaimSandboxWithin(ctx context.Context, sb Sandbox, q Quota) err
 		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), sb.ID}
 	if !q.SandboxesUnlimited() {
 		query += ` AND ` + withinSQL
-		args = append(args, withinArgs(sb.Team, sb.MemoryMB, q)...)
+		args = append(args, withinArgs(sb.Team, SizeOf(sb), q)...)
 	}
 	res, err := s.w.ExecContext(ctx, query, args...)
 	if err != nil {
@@ -87,7 +87,7 @@ func (s *Store) ClaimSandboxWithin(ctx context.Context, sb Sandbox, q Quota) err
 		if q.SandboxesUnlimited() {
 			return notPooled
 		}
-		return s.refused(ctx, sb.Team, sb.MemoryMB, q, notPooled)
+		return s.refused(ctx, sb.Team, SizeOf(sb), q, notPooled)
 	}
 	return nil
 }

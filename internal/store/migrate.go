@@ -132,6 +132,10 @@ ALTER TABLE team_quotas ADD COLUMN max_snapshot_mb INTEGER NOT NULL DEFAULT 0;
 	`
 ALTER TABLE sandboxes ADD COLUMN public_ports INTEGER NOT NULL DEFAULT 0;
 `,
+	// 8: a team's limit on the CPUs its sandboxes hold together.
+	`
+ALTER TABLE team_quotas ADD COLUMN max_cpu INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

@@ -14,67 +14,84 @@ import (
 type Quota struct {
 	MaxSandboxes  int // sandboxes holding host resources (creating, running, paused, stopping)
 	MaxMemoryMB   int // the sum of their memory
+	MaxCPU        int // the sum of their CPUs (a CPU is one core's time; the host shares its cores)
 	MaxSnapshotMB int // distinct data its snapshots hold (checked by the service before each snapshot)
 }
 
 // SandboxesUnlimited reports whether q limits neither the number of
-// sandboxes nor their memory (what a create checks).
-func (q Quota) SandboxesUnlimited() bool { return q.MaxSandboxes <= 0 && q.MaxMemoryMB <= 0 }
+// sandboxes nor their memory or CPUs (what a create checks).
+func (q Quota) SandboxesUnlimited() bool {
+	return q.MaxSandboxes <= 0 && q.MaxMemoryMB <= 0 && q.MaxCPU <= 0
+}
 
 // Usage is what a team holds now, counted as a Quota counts.
 type Usage struct {
 	Sandboxes int
 	MemoryMB  int
+	CPU       int
 }
+
+// Size is what one sandbox takes from its team's quota.
+type Size struct {
+	CPU      int
+	MemoryMB int
+}
+
+// SizeOf is sb's Size.
+func SizeOf(sb Sandbox) Size { return Size{CPU: sb.CPU, MemoryMB: sb.MemoryMB} }
 
 // liveStates are the states that hold host resources. A paused sandbox is
 // frozen in memory; pooled sandboxes belong to no team. The partial index
 // sandboxes_live_team names the same list.
 const liveStates = `('creating', 'running', 'paused', 'stopping')`
 
-// usageSQL counts a team's live sandboxes and their memory.
-const usageSQL = `SELECT COUNT(*), COALESCE(SUM(memory_mb), 0) FROM sandboxes WHERE team = ? AND state IN ` + liveStates
+// usageSQL counts a team's live sandboxes, their memory and their CPUs.
+const usageSQL = `SELECT COUNT(*), COALESCE(SUM(memory_mb), 0), COALESCE(SUM(cpu), 0) FROM sandboxes WHERE team = ? AND state IN ` + liveStates
 
-// withinSQL is a condition true while a team (first argument) may take one
-// more sandbox of the given memory (second) under a quota (max sandboxes,
-// then max memory; 0 or less is no limit).
-const withinSQL = `(SELECT (? <= 0 OR n < ?) AND (? <= 0 OR mem + ? <= ?) FROM (
-	SELECT COUNT(*) AS n, COALESCE(SUM(memory_mb), 0) AS mem FROM sandboxes WHERE team = ? AND state IN ` + liveStates + `))`
+// withinSQL is a condition true while a team may take one more sandbox of
+// a size under a quota (max sandboxes, max memory, max CPUs; 0 or less is
+// no limit); withinArgs gives its arguments.
+const withinSQL = `(SELECT (? <= 0 OR n < ?) AND (? <= 0 OR mem + ? <= ?) AND (? <= 0 OR cpu + ? <= ?) FROM (
+	SELECT COUNT(*) AS n, COALESCE(SUM(memory_mb), 0) AS mem, COALESCE(SUM(cpu), 0) AS cpu FROM sandboxes WHERE team = ? AND state IN ` + liveStates + `))`
 
-func withinArgs(team string, memoryMB int, q Quota) []any {
-	return []any{q.MaxSandboxes, q.MaxSandboxes, q.MaxMemoryMB, memoryMB, q.MaxMemoryMB, team}
+func withinArgs(team string, sz Size, q Quota) []any {
+	return []any{q.MaxSandboxes, q.MaxSandboxes, q.MaxMemoryMB, sz.MemoryMB, q.MaxMemoryMB, q.MaxCPU, sz.CPU, q.MaxCPU, team}
 }
 
 // TeamUsage returns what team holds now.
 func (s *Store) TeamUsage(ctx context.Context, team string) (Usage, error) {
 	var u Usage
-	if err := s.r.QueryRowContext(ctx, usageSQL, team).Scan(&u.Sandboxes, &u.MemoryMB); err != nil {
+	if err := s.r.QueryRowContext(ctx, usageSQL, team).Scan(&u.Sandboxes, &u.MemoryMB, &u.CPU); err != nil {
 		return u, fmt.Errorf("store: team usage: %w", err)
 	}
 	return u, nil
 }
 
-// fits reports whether a team holding u may take n more sandboxes of
-// memoryMB each under q.
-func (q Quota) fits(u Usage, n, memoryMB int) bool {
+// fits reports whether a team holding u may take n more sandboxes of size
+// sz under q.
+func (q Quota) fits(u Usage, n int, sz Size) bool {
 	return (q.MaxSandboxes <= 0 || u.Sandboxes+n <= q.MaxSandboxes) &&
-		(q.MaxMemoryMB <= 0 || u.MemoryMB+n*memoryMB <= q.MaxMemoryMB)
+		(q.MaxMemoryMB <= 0 || u.MemoryMB+n*sz.MemoryMB <= q.MaxMemoryMB) &&
+		(q.MaxCPU <= 0 || u.CPU+n*sz.CPU <= q.MaxCPU)
 }
 
 // quotaError is the error of a create the team's quota refuses; it says
 // which limit and what the team holds.
-func quotaError(team string, q Quota, u Usage, n, memoryMB int) error {
+func quotaError(team string, q Quota, u Usage, n int, sz Size) error {
 	if q.MaxSandboxes > 0 && u.Sandboxes+n > q.MaxSandboxes {
 		return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s has %d of its %d sandboxes (running or paused); %d more do not fit", team, u.Sandboxes, q.MaxSandboxes, n)
 	}
-	return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s uses %d of its %d MiB of sandbox memory; %d MiB more does not fit", team, u.MemoryMB, q.MaxMemoryMB, n*memoryMB)
+	if q.MaxCPU > 0 && u.CPU+n*sz.CPU > q.MaxCPU {
+		return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s uses %d of its %d CPUs; %d more do not fit", team, u.CPU, q.MaxCPU, n*sz.CPU)
+	}
+	return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s uses %d of its %d MiB of sandbox memory; %d MiB more does not fit", team, u.MemoryMB, q.MaxMemoryMB, n*sz.MemoryMB)
 }
 
 // CheckQuota returns an ErrQuotaExceeded error if team cannot take n more
-// sandboxes of memoryMB each now. It is advisory (a create checked here
+// sandboxes of size sz now. It is advisory (a create checked here
 // may still lose a race): CreateSandboxWithin and ClaimSandboxWithin
 // decide.
-func (s *Store) CheckQuota(ctx context.Context, team string, n, memoryMB int, q Quota) error {
+func (s *Store) CheckQuota(ctx context.Context, team string, n int, sz Size, q Quota) error {
 	if q.SandboxesUnlimited() {
 		return nil
 	}
@@ -82,21 +99,21 @@ func (s *Store) CheckQuota(ctx context.Context, team string, n, memoryMB int, q 
 	if err != nil {
 		return err
 	}
-	if !q.fits(u, n, memoryMB) {
-		return quotaError(team, q, u, n, memoryMB)
+	if !q.fits(u, n, sz) {
+		return quotaError(team, q, u, n, sz)
 	}
 	return nil
 }
 
 // refused explains a quota-checked write that changed no row: the quota,
 // or (when the quota has room, so the row was the reason) other.
-func (s *Store) refused(ctx context.Context, team string, memoryMB int, q Quota, other error) error {
+func (s *Store) refused(ctx context.Context, team string, sz Size, q Quota, other error) error {
 	u, err := s.TeamUsage(ctx, team)
 	if err != nil {
 		return err
 	}
-	if !q.fits(u, 1, memoryMB) {
-		return quotaError(team, q, u, 1, memoryMB)
+	if !q.fits(u, 1, sz) {
+		return quotaError(team, q, u, 1, sz)
 	}
 	return other
 }
@@ -105,7 +122,7 @@ func (s *Store) refused(ctx context.Context, team string, memoryMB int, q Quota,
 // team has none (the server's default applies).
 func (s *Store) GetQuota(ctx context.Context, team string) (Quota, error) {
 	var q Quota
-	err := s.r.QueryRowContext(ctx, `SELECT max_sandboxes, max_memory_mb, max_snapshot_mb FROM team_quotas WHERE team = ?`, team).Scan(&q.MaxSandboxes, &q.MaxMemoryMB, &q.MaxSnapshotMB)
+	err := s.r.QueryRowContext(ctx, `SELECT max_sandboxes, max_memory_mb, max_cpu, max_snapshot_mb FROM team_quotas WHERE team = ?`, team).Scan(&q.MaxSandboxes, &q.MaxMemoryMB, &q.MaxCPU, &q.MaxSnapshotMB)
 	if errors.Is(err, sql.ErrNoRows) {
 		return q, errdefs.NotFound("team %s has no quota of its own", team)
 	}
@@ -117,13 +134,13 @@ func (s *Store) GetQuota(ctx context.Context, team string) (Quota, error) {
 
 // PutQuota sets team's quota (replacing the server's default for it).
 func (s *Store) PutQuota(ctx context.Context, team string, q Quota) error {
-	if team == "" || q.MaxSandboxes < 0 || q.MaxMemoryMB < 0 || q.MaxSnapshotMB < 0 {
+	if team == "" || q.MaxSandboxes < 0 || q.MaxMemoryMB < 0 || q.MaxCPU < 0 || q.MaxSnapshotMB < 0 {
 		return errdefs.InvalidArgument("quota needs a team and limits of 0 (none) or more")
 	}
-	_, err := s.w.ExecContext(ctx, `INSERT INTO team_quotas(team, max_sandboxes, max_memory_mb, max_snapshot_mb, updated_at) VALUES (?, ?, ?, ?, ?)
+	_, err := s.w.ExecContext(ctx, `INSERT INTO team_quotas(team, max_sandboxes, max_memory_mb, max_cpu, max_snapshot_mb, updated_at) VALUES (?, ?, ?, ?, ?, ?)
 		ON CONFLICT(team) DO UPDATE SET max_sandboxes = excluded.max_sandboxes, max_memory_mb = excluded.max_memory_mb,
-		max_snapshot_mb = excluded.max_snapshot_mb, updated_at = excluded.updated_at`,
-		team, q.MaxSandboxes, q.MaxMemoryMB, q.MaxSnapshotMB, toNanos(time.Now()))
+		max_cpu = excluded.max_cpu, max_snapshot_mb = excluded.max_snapshot_mb, updated_at = excluded.updated_at`,
+		team, q.MaxSandboxes, q.MaxMemoryMB, q.MaxCPU, q.MaxSnapshotMB, toNanos(time.Now()))
 	return classify(err, "quota of team "+team)
 }
 

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -59,7 +60,7 @@ func TestQuotaCreate(t *testing.T) {
 	if err := s.UpdateSandboxState(ctx, "sb1", []string{"paused"}, StateStopped, "killed"); err != nil {
 		t.Fatal(err)
 	}
-	if u, err := s.TeamUsage(ctx, "t1"); err != nil || u != (Usage{Sandboxes: 1, MemoryMB: 512}) {
+	if u, err := s.TeamUsage(ctx, "t1"); err != nil || u != (Usage{Sandboxes: 1, MemoryMB: 512, CPU: 2}) {
 		t.Fatalf("usage = %+v, %v", u, err)
 	}
 	// The memory limit: 512 held, 1536 allowed, 1024 more does not fit.
@@ -76,14 +77,55 @@ func TestQuotaCreate(t *testing.T) {
 	if err := s.CreateSandboxWithin(ctx, newSandbox("other", "t2", "running"), q); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("duplicate id: %v", err)
 	}
-	if err := s.CheckQuota(ctx, "t1", 1, 0, q); !errors.Is(err, errdefs.ErrQuotaExceeded) {
+	if err := s.CheckQuota(ctx, "t1", 1, Size{}, q); !errors.Is(err, errdefs.ErrQuotaExceeded) {
 		t.Fatalf("CheckQuota at the limit: %v", err)
 	}
-	if err := s.CheckQuota(ctx, "t2", 2, 512, q); !errors.Is(err, errdefs.ErrQuotaExceeded) {
+	if err := s.CheckQuota(ctx, "t2", 2, Size{CPU: 2, MemoryMB: 512}, q); !errors.Is(err, errdefs.ErrQuotaExceeded) {
 		t.Fatalf("CheckQuota of two more with room for one: %v", err)
 	}
-	if err := s.CheckQuota(ctx, "t2", 1, 512, q); err != nil {
+	if err := s.CheckQuota(ctx, "t2", 1, Size{CPU: 2, MemoryMB: 512}, q); err != nil {
 		t.Fatalf("CheckQuota with room: %v", err)
+	}
+}
+
+// TestQuotaCPU: the CPUs a team's live sandboxes hold together are
+// limited like their memory, for creates and claims alike; the error says
+// which limit.
+func TestQuotaCPU(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	q := Quota{MaxCPU: 5}
+	for i, state := range []string{"running", "paused"} { // 2 CPUs each
+		if err := s.CreateSandboxWithin(ctx, newSandbox(fmt.Sprint("sb", i), "t1", state), q); err != nil {
+			t.Fatalf("create %d within the quota: %v", i, err)
+		}
+	}
+	err := s.CreateSandboxWithin(ctx, newSandbox("sb2", "t1", "creating"), q)
+	if !errors.Is(err, errdefs.ErrQuotaExceeded) || !strings.Contains(err.Error(), "4 of its 5 CPUs; 2 more") {
+		t.Fatalf("2 CPUs more with 1 left: %v", err)
+	}
+	if err := s.CreateSandbox(ctx, newSandbox("pool0", "-pool", "pooled")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ClaimSandboxWithin(ctx, newSandbox("pool0", "t1", "running"), q); !errors.Is(err, errdefs.ErrQuotaExceeded) {
+		t.Fatalf("claim of 2 CPUs with 1 left: %v", err)
+	}
+	one := newSandbox("one", "t1", "creating")
+	one.CPU = 1
+	if err := s.CreateSandboxWithin(ctx, one, q); err != nil {
+		t.Fatalf("1 CPU with 1 left: %v", err)
+	}
+	if err := s.CheckQuota(ctx, "t1", 1, Size{CPU: 1}, q); !errors.Is(err, errdefs.ErrQuotaExceeded) {
+		t.Fatalf("CheckQuota at the limit: %v", err)
+	}
+	if u, _ := s.TeamUsage(ctx, "t1"); u != (Usage{Sandboxes: 3, MemoryMB: 1536, CPU: 5}) {
+		t.Fatalf("usage %+v", u)
+	}
+	if err := s.PutQuota(ctx, "t1", Quota{MaxCPU: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetQuota(ctx, "t1"); err != nil || got != (Quota{MaxCPU: 8}) {
+		t.Fatalf("GetQuota = %+v, %v", got, err)
 	}
 }
 

@@ -134,12 +134,12 @@ func (s *Store) CreateSandboxWithin(ctx context.Context, sb Sandbox, q Quota) er
 		return classify(err, "sandbox "+sb.ID)
 	}
 	res, err := s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) SELECT `+values+` WHERE `+withinSQL,
-		append(args, withinArgs(sb.Team, sb.MemoryMB, q)...)...)
+		append(args, withinArgs(sb.Team, SizeOf(sb), q)...)...)
 	if err != nil {
 		return classify(err, "sandbox "+sb.ID)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return s.refused(ctx, sb.Team, sb.MemoryMB, q, fmt.Errorf("store: sandbox %s not stored", sb.ID))
+		return s.refused(ctx, sb.Team, SizeOf(sb), q, fmt.Errorf("store: sandbox %s not stored", sb.ID))
 	}
 	return nil
 }

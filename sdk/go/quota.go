@@ -11,6 +11,7 @@ type Quota struct {
 	Team         string `json:"team"`
 	MaxSandboxes int    `json:"max_sandboxes"` // sandboxes held at once, running or paused
 	MaxMemoryMB  int    `json:"max_memory_mb"` // the sum of their memory
+	MaxCPU       int    `json:"max_cpu"`       // the sum of their CPUs
 	// MaxSnapshotMB limits the data the team's snapshots hold (each
 	// distinct chunk once, before compression); past it snapshots fail
 	// with IsQuotaExceeded and automatic ones are skipped.
@@ -24,6 +25,7 @@ type Quota struct {
 type QuotaUsage struct {
 	Sandboxes  int   `json:"sandboxes"`
 	MemoryMB   int   `json:"memory_mb"`
+	CPU        int   `json:"cpu"`
 	SnapshotMB int64 `json:"snapshot_mb"` // data its snapshots hold, rounded up
 }
 
@@ -32,6 +34,7 @@ type QuotaUsage struct {
 type SetQuotaRequest struct {
 	MaxSandboxes  *int `json:"max_sandboxes,omitempty"`
 	MaxMemoryMB   *int `json:"max_memory_mb,omitempty"`
+	MaxCPU        *int `json:"max_cpu,omitempty"`
 	MaxSnapshotMB *int `json:"max_snapshot_mb,omitempty"`
 }
 
