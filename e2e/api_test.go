@@ -59,6 +59,28 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// TestMetricsListen: with --metrics-listen, /metrics answers on its own
+// address and no longer on the API listener (which tenants may reach).
+func TestMetricsListen(t *testing.T) {
+	addr := freeAddr(t)
+	s := startServer(t, "", "--metrics-listen", addr, "--pool-size", "-1", "--snapshot-interval", "-1")
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte("space_sandboxes{")) {
+		t.Errorf("/metrics on --metrics-listen: %d %.200q", resp.StatusCode, body)
+	}
+	if code, _ := httpGet(t, s.url+"/metrics", "", nil); code != 404 {
+		t.Errorf("/metrics on the API listener with --metrics-listen set: %d", code)
+	}
+	if code, _ := httpGet(t, "http://"+addr+"/v1/sandboxes", "", nil); code != 404 {
+		t.Errorf("the API on the metrics address: %d", code)
+	}
+}
+
 func TestHealthMetricsOpenAPI(t *testing.T) {
 	s := sharedServer(t)
 	var h map[string]string

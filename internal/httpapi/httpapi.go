@@ -67,7 +67,9 @@ func New(cfg Config) *API {
 	a.ports = portproxy.New(a.svc.DialPortFrom)
 	m := a.mux
 	m.HandleFunc("GET /healthz", a.healthz)
-	m.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	if cfg.Gatherer != nil { // else the server serves /metrics elsewhere (--metrics-listen)
+		m.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	}
 	m.HandleFunc("GET /v1/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		w.Write(cfg.OpenAPI)

@@ -67,6 +67,10 @@ type Config struct {
 	// DebugListen serves Go's pprof profiles (off unless a loopback
 	// address is given: profiles reveal memory contents).
 	DebugListen string // --debug-listen
+	// MetricsListen moves /metrics off the API listener to an address of
+	// its own (e.g. an internal interface for Prometheus); empty keeps it
+	// on the API listener, next to the API.
+	MetricsListen string // --metrics-listen
 }
 
 // DefaultDataDir is where a server keeps its state unless told otherwise.

@@ -8,6 +8,9 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // serveDebug serves Go's pprof handlers on addr until ctx ends. Only a
@@ -38,5 +41,23 @@ func serveDebug(ctx context.Context, addr string, log *slog.Logger) error {
 	}()
 	go srv.Serve(ln)
 	log.Info("pprof profiles", "url", "http://"+ln.Addr().String()+"/debug/pprof/")
+	return nil
+}
+
+// serveMetrics serves /metrics of g on addr until ctx ends (--metrics-listen).
+func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	go srv.Serve(ln)
+	log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	return nil
 }

@@ -177,9 +177,13 @@ func Run(ctx context.Context, cfg Config) error {
 	tpls := &templates{store: st, builder: builder, log: log}
 	health := &health{detail: "default template " + cfg.DefaultTemplate + " not ready yet"}
 
+	var apiGatherer prometheus.Gatherer = reg // /metrics on the API listener unless it has its own
+	if cfg.MetricsListen != "" {
+		apiGatherer = nil
+	}
 	api := httpapi.New(httpapi.Config{
 		Service: svc, Store: st, Templates: tpls, Health: health.get,
-		OpenAPI: api.OpenAPI, Gatherer: reg, Log: log,
+		OpenAPI: api.OpenAPI, Gatherer: apiGatherer, Log: log,
 		Security: security.NewLocal(cfg.DataDir, log),
 	})
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -227,6 +231,11 @@ func Run(ctx context.Context, cfg Config) error {
 
 	if cfg.DebugListen != "" {
 		if err := serveDebug(bg, cfg.DebugListen, log); err != nil {
+			return err
+		}
+	}
+	if cfg.MetricsListen != "" {
+		if err := serveMetrics(bg, cfg.MetricsListen, reg, log); err != nil {
 			return err
 		}
 	}
