@@ -9,6 +9,8 @@ require (
 	github.com/klauspost/compress v1.20.4
 )
 
+require golang.org/x/time v0.16.0
+
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	space "github.com/spacesandbox/space/sdk/go"
 )
 
 type quotaView struct {
@@ -13,6 +17,7 @@ type quotaView struct {
 	MaxMemoryMB   int    `json:"max_memory_mb"`
 	MaxCPU        int    `json:"max_cpu"`
 	MaxSnapshotMB int    `json:"max_snapshot_mb"`
+	MaxRPS        int    `json:"max_rps"`
 	Source        string `json:"source"`
 	Usage         struct {
 		Sandboxes  int `json:"sandboxes"`
@@ -315,5 +320,96 @@ func TestDiskReserve(t *testing.T) {
 	}
 	if n := metric(t, s, `space_sandbox_creates_refused_total{reason="disk"}`); n != 2 {
 		t.Errorf("creates refused for disk: %v, want 2 (a create and a fork)", n)
+	}
+}
+
+// TestRateLimit: a team's max_rps holds on the API and the E2B control
+// plane: a second's worth passes, then 429 rate_limited with Retry-After,
+// and a second later requests pass again. Other teams, admin keys and the
+// traffic to a sandbox's own server are not counted.
+func TestRateLimit(t *testing.T) {
+	_, _, s, addr := e2bServer(t)
+	key := s.teamKey("rate-a")
+	otherKey := s.teamKey("rate-b")
+	var sb sandboxView
+	if code := s.do("POST", "/v1/sandboxes", key, map[string]any{}, &sb); code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	defer s.do("DELETE", "/v1/sandboxes/"+sb.ID, s.key, nil, nil)
+	startPortServer(t, s, key, sb.ID, 8000)
+
+	var q quotaView
+	if code := s.do("PUT", "/v1/teams/rate-a/quota", s.key, map[string]int{"max_rps": 5}, &q); code != 200 || q.MaxRPS != 5 {
+		t.Fatalf("set max_rps: %d %+v", code, q)
+	}
+	count := func(url string, hdr http.Header, n int) (ok int, refused *http.Response) {
+		t.Helper()
+		for range n {
+			req, _ := http.NewRequest("GET", url, nil)
+			req.Header = hdr
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			switch resp.StatusCode {
+			case 200:
+				ok++
+			case 429:
+				refused = resp
+			default:
+				t.Fatalf("GET %s: %d", url, resp.StatusCode)
+			}
+		}
+		return ok, refused
+	}
+	bearer := func(k string) http.Header { return http.Header{"Authorization": {"Bearer " + k}} }
+	ok, refused := count(s.url+"/v1/sandboxes", bearer(key), 30)
+	if ok < 5 || refused == nil || refused.Header.Get("Retry-After") != "1" {
+		t.Fatalf("30 requests at 5/s: %d passed, refusal %v", ok, refused)
+	}
+	var e apiError
+	code := 0
+	for range 20 { // a slow host may refill a token between two requests
+		if code = s.do("GET", "/v1/sandboxes", key, nil, &e); code == 429 {
+			break
+		}
+	}
+	if code != 429 || e.Error != "rate_limited" || !strings.Contains(e.Message, "5 requests per second") {
+		t.Errorf("the refusal: %d %+v", code, e)
+	}
+	// The Go SDK names it.
+	c := space.NewClient(s.url, key)
+	var sdkErr error
+	for range 20 {
+		if _, sdkErr = c.GetSandbox(t.Context(), sb.ID); sdkErr != nil {
+			break
+		}
+	}
+	if !space.IsRateLimited(sdkErr) || space.IsQuotaExceeded(sdkErr) {
+		t.Errorf("the SDK's error: %v", sdkErr)
+	}
+	if ok, _ := count(s.url+"/v1/sandboxes", bearer(otherKey), 30); ok != 30 {
+		t.Errorf("another team: %d of 30", ok)
+	}
+	if ok, _ := count(s.url+"/v1/sandboxes", bearer(s.key), 30); ok != 30 {
+		t.Errorf("the admin key: %d of 30", ok)
+	}
+	if ok, _ := count(s.url+"/v1/sandboxes/"+sb.ID+"/ports/8000/page", bearer(key), 30); ok != 30 {
+		t.Errorf("the sandbox's own server: %d of 30", ok)
+	}
+	if ok, refused := count("http://"+addr+"/sandboxes", http.Header{"X-Api-Key": {key}}, 30); ok == 30 || refused == nil || refused.Header.Get("Retry-After") != "1" {
+		t.Errorf("the E2B control plane: %d of 30 passed", ok)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if code := s.do("GET", "/v1/sandboxes", key, nil, nil); code != 200 {
+		t.Errorf("a second later: %d", code)
+	}
+	if code := s.do("DELETE", "/v1/teams/rate-a/quota", s.key, nil, nil); code != 204 {
+		t.Fatalf("delete quota: %d", code)
+	}
+	if ok, _ := count(s.url+"/v1/sandboxes", bearer(key), 30); ok != 30 {
+		t.Errorf("without the quota: %d of 30", ok)
 	}
 }

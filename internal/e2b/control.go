@@ -33,6 +33,9 @@ func (h *Handler) controlMux() http.Handler {
 	auth := func(pattern string, f func(http.ResponseWriter, *http.Request, sandbox.Caller)) {
 		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			c, err := h.caller(r)
+			if err == nil {
+				err = h.svc.AllowRequest(r.Context(), c)
+			}
 			if err != nil {
 				h.writeError(w, r, err)
 				return
@@ -714,6 +717,9 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 	if status == http.StatusInternalServerError {
 		h.log.Error("internal error", "method", r.Method, "path", r.URL.Path, "err", err)
 		msg = "internal error"
+	}
+	if errors.Is(err, errdefs.ErrRateLimited) {
+		w.Header().Set("Retry-After", "1")
 	}
 	writeJSONError(w, status, fmt.Sprint(msg))
 }

@@ -229,12 +229,7 @@ func loadTokenKey(dataDir string) ([]byte, error) {
 // caller authenticates a control-plane request by its X-API-Key (a space
 // API key).
 func (h *Handler) caller(r *http.Request) (sandbox.Caller, error) {
-	key := strings.TrimSpace(r.Header.Get("X-API-Key"))
-	if key == "" {
-		if k, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-			key = strings.TrimSpace(k)
-		}
-	}
+	key, _ := httpapi.APIKey(r)
 	if key == "" {
 		return sandbox.Caller{}, errdefs.Newf(errdefs.ErrUnauthenticated, "missing X-API-Key (a space API key)")
 	}

@@ -109,6 +109,10 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		}
 		return
 	}
+	if err := h.svc.AllowRequest(ctx, sandbox.Caller{Team: sb.Team}); err != nil {
+		h.writeError(w, r, err)
+		return
+	}
 	ctx = context.WithValue(ctx, targetKey{}, envdTarget{id: id, caller: sandbox.Caller{Team: sb.Team}, signed: signed})
 	h.envd.ServeHTTP(w, r.WithContext(ctx))
 }

@@ -22,6 +22,7 @@ var (
 	ErrMethodNotAllowed = errors.New("method not allowed")   // 405 method_not_allowed
 	ErrUpgradeRequired  = errors.New("upgrade required")     // 426 upgrade_required
 	ErrQuotaExceeded    = errors.New("quota exceeded")       // 429 quota_exceeded (a team's limit)
+	ErrRateLimited      = errors.New("rate limited")         // 429 rate_limited (a team's requests per second; retry after a second)
 	ErrNoStorage        = errors.New("insufficient storage") // 507 insufficient_storage (the host's disk is below its reserve)
 	ErrUnavailable      = errors.New("unavailable")          // 503 unavailable (not ready, retry later)
 	ErrNotSupported     = errors.New("not supported")        // 501 not_supported (driver lacks a capability)
@@ -45,6 +46,7 @@ var Classes = []struct {
 	{ErrTooLarge, "too_large", 413},
 	{ErrUpgradeRequired, "upgrade_required", 426},
 	{ErrQuotaExceeded, "quota_exceeded", 429},
+	{ErrRateLimited, "rate_limited", 429},
 	{ErrNotSupported, "not_supported", 501},
 	{ErrUnavailable, "unavailable", 503},
 	{ErrNoStorage, "insufficient_storage", 507},

@@ -75,7 +75,7 @@ func New(cfg Config) *API {
 		w.Write(cfg.OpenAPI)
 	})
 	auth := func(pattern string, h func(http.ResponseWriter, *http.Request, sandbox.Caller)) {
-		m.HandleFunc(pattern, a.authed(h))
+		m.HandleFunc(pattern, a.authed(a.rateLimited(h)))
 	}
 	auth("POST /v1/sandboxes", a.createSandbox)
 	auth("GET /v1/sandboxes", a.listSandboxes)
@@ -113,8 +113,10 @@ func New(cfg Config) *API {
 	auth("POST /v1/sandboxes/{id}/files/move", a.move)
 	auth("GET /v1/sandboxes/{id}/files/watch", a.watch)
 	auth("GET /v1/sandboxes/{id}/pty", a.pty)
-	auth("/v1/sandboxes/{id}/ports/{port}/{path...}", a.portProxy) // every method
-	auth("/v1/sandboxes/{id}/ports/{port}", a.portProxy)
+	// A sandbox's own server: its traffic (a page and its assets) is not
+	// counted against the team's API rate.
+	m.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{path...}", a.authed(a.portProxy)) // every method
+	m.HandleFunc("/v1/sandboxes/{id}/ports/{port}", a.authed(a.portProxy))
 	auth("GET /v1/templates", a.listTemplates)
 	auth("POST /v1/templates/{name}/build", a.buildTemplate)
 	auth("POST /v1/keys", a.createKey)
@@ -217,11 +219,11 @@ func HashKey(key string) []byte {
 	return h[:]
 }
 
-// apiKey returns the request's API key: the X-API-Key header if it is
+// APIKey returns the request's API key: the X-API-Key header if it is
 // set, else Authorization: Bearer. inAuthorization reports whether the
 // Authorization header carries the key; when it does not, Authorization
 // belongs to whatever the request is for (an app behind a sandbox port).
-func apiKey(r *http.Request) (key string, inAuthorization bool) {
+func APIKey(r *http.Request) (key string, inAuthorization bool) {
 	auth := r.Header.Get("Authorization")
 	if key = strings.TrimSpace(r.Header.Get("X-Api-Key")); key != "" {
 		return key, strings.Contains(auth, key)
@@ -234,7 +236,7 @@ func apiKey(r *http.Request) (key string, inAuthorization bool) {
 
 func (a *API) authed(h func(http.ResponseWriter, *http.Request, sandbox.Caller)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		key, _ := apiKey(r)
+		key, _ := APIKey(r)
 		if key == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="space"`)
 			a.writeError(w, r, errdefs.Newf(errdefs.ErrUnauthenticated, "missing API key: send Authorization: Bearer <api key> or X-API-Key: <api key>"))
@@ -249,6 +251,18 @@ func (a *API) authed(h func(http.ResponseWriter, *http.Request, sandbox.Caller))
 			return
 		}
 		h(w, r, sandbox.Caller{Team: k.Team, Admin: k.Admin})
+	}
+}
+
+// rateLimited takes each request from its team's rate limit
+// (Service.AllowRequest) before h runs.
+func (a *API) rateLimited(h func(http.ResponseWriter, *http.Request, sandbox.Caller)) func(http.ResponseWriter, *http.Request, sandbox.Caller) {
+	return func(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+		if err := a.svc.AllowRequest(r.Context(), c); err != nil {
+			a.writeError(w, r, err)
+			return
+		}
+		h(w, r, c)
 	}
 }
 
@@ -283,6 +297,9 @@ func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		a.log.Debug("request ended by the client", "method", r.Method, "path", r.URL.Path, "err", err)
 	case internal:
 		a.log.Error("internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	if errors.Is(err, errdefs.ErrRateLimited) {
+		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, b.Code, b)
 }

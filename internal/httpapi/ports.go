@@ -30,7 +30,7 @@ func (a *API) portProxy(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 	}
 	// The app's own Authorization passes when the key came as X-API-Key.
 	var strip []string
-	if _, inAuth := apiKey(r); inAuth {
+	if _, inAuth := APIKey(r); inAuth {
 		strip = []string{"Authorization"}
 	}
 	a.ports.Serve(w, r.WithContext(sandbox.WithCaller(r.Context(), c)), id, port, "/"+r.PathValue("path"), strip, a.writeError)

@@ -14,6 +14,7 @@ const (
 	maxQuotaSandboxes  = 100000
 	maxQuotaMemoryMB   = 1 << 30
 	maxQuotaCPU        = 1 << 20
+	maxQuotaRPS        = 1 << 20
 	maxQuotaSnapshotMB = 1 << 40
 )
 
@@ -23,6 +24,7 @@ type quotaView struct {
 	MaxMemoryMB   int           `json:"max_memory_mb"`   // 0: no limit
 	MaxCPU        int           `json:"max_cpu"`         // 0: no limit
 	MaxSnapshotMB int           `json:"max_snapshot_mb"` // 0: no limit
+	MaxRPS        int           `json:"max_rps"`         // 0: no limit
 	Source        string        `json:"source"`          // "team" (its own) or "default" (the server's)
 	Usage         teamUsageView `json:"usage"`
 }
@@ -40,7 +42,7 @@ func viewQuota(v sandbox.QuotaView) quotaView {
 		src = "team"
 	}
 	return quotaView{Team: v.Team, MaxSandboxes: v.Quota.MaxSandboxes, MaxMemoryMB: v.Quota.MaxMemoryMB, MaxCPU: v.Quota.MaxCPU, MaxSnapshotMB: v.Quota.MaxSnapshotMB,
-		Source: src, Usage: teamUsageView{Sandboxes: v.Usage.Sandboxes, MemoryMB: v.Usage.MemoryMB, CPU: v.Usage.CPU, SnapshotMB: (v.SnapshotBytes + 1<<20 - 1) >> 20}}
+		MaxRPS: v.Quota.MaxRPS, Source: src, Usage: teamUsageView{Sandboxes: v.Usage.Sandboxes, MemoryMB: v.Usage.MemoryMB, CPU: v.Usage.CPU, SnapshotMB: (v.SnapshotBytes + 1<<20 - 1) >> 20}}
 }
 
 // teamOf reads and checks the {team} path value.
@@ -95,13 +97,14 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		MaxMemoryMB   *int `json:"max_memory_mb"`
 		MaxCPU        *int `json:"max_cpu"`
 		MaxSnapshotMB *int `json:"max_snapshot_mb"`
+		MaxRPS        *int `json:"max_rps"`
 	}
 	if err := decode(r, &req); err != nil {
 		a.writeError(w, r, err)
 		return
 	}
-	if req.MaxSandboxes == nil && req.MaxMemoryMB == nil && req.MaxCPU == nil && req.MaxSnapshotMB == nil {
-		a.writeError(w, r, errdefs.InvalidArgument("give max_sandboxes, max_memory_mb, max_cpu, max_snapshot_mb or some of them (0: no limit); DELETE returns the team to the server's default"))
+	if req.MaxSandboxes == nil && req.MaxMemoryMB == nil && req.MaxCPU == nil && req.MaxSnapshotMB == nil && req.MaxRPS == nil {
+		a.writeError(w, r, errdefs.InvalidArgument("give max_sandboxes, max_memory_mb, max_cpu, max_snapshot_mb, max_rps or some of them (0: no limit); DELETE returns the team to the server's default"))
 		return
 	}
 	var q store.Quota
@@ -115,6 +118,7 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		{"max_memory_mb", req.MaxMemoryMB, maxQuotaMemoryMB, &q.MaxMemoryMB},
 		{"max_cpu", req.MaxCPU, maxQuotaCPU, &q.MaxCPU},
 		{"max_snapshot_mb", req.MaxSnapshotMB, maxQuotaSnapshotMB, &q.MaxSnapshotMB},
+		{"max_rps", req.MaxRPS, maxQuotaRPS, &q.MaxRPS},
 	} {
 		if f.v == nil {
 			continue // a limit not given is no limit

@@ -109,6 +109,7 @@ type Service struct {
 	lastUse atomic.Int64
 
 	quotas   quotaCache // teams' own quotas, as the store has them
+	rates    rateLimits // teams' API request buckets (AllowRequest)
 	hostMem  *gauge     // the host's available memory (MiB), for the reserve
 	hostDisk *gauge     // free space under DataDir (MiB), for the disk reserve
 	snapUse  snapUsage  // teams' snapshot data, for their snapshot quotas

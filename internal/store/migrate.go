@@ -136,6 +136,10 @@ ALTER TABLE sandboxes ADD COLUMN public_ports INTEGER NOT NULL DEFAULT 0;
 	`
 ALTER TABLE team_quotas ADD COLUMN max_cpu INTEGER NOT NULL DEFAULT 0;
 `,
+	// 9: a team's limit on API requests per second.
+	`
+ALTER TABLE team_quotas ADD COLUMN max_rps INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

@@ -16,6 +16,7 @@ type Quota struct {
 	MaxMemoryMB   int // the sum of their memory
 	MaxCPU        int // the sum of their CPUs (a CPU is one core's time; the host shares its cores)
 	MaxSnapshotMB int // distinct data its snapshots hold (checked by the service before each snapshot)
+	MaxRPS        int // API requests per second (the service's rate limiter; a second's worth may come at once)
 }
 
 // SandboxesUnlimited reports whether q limits neither the number of
@@ -122,7 +123,7 @@ func (s *Store) refused(ctx context.Context, team string, sz Size, q Quota, othe
 // team has none (the server's default applies).
 func (s *Store) GetQuota(ctx context.Context, team string) (Quota, error) {
 	var q Quota
-	err := s.r.QueryRowContext(ctx, `SELECT max_sandboxes, max_memory_mb, max_cpu, max_snapshot_mb FROM team_quotas WHERE team = ?`, team).Scan(&q.MaxSandboxes, &q.MaxMemoryMB, &q.MaxCPU, &q.MaxSnapshotMB)
+	err := s.r.QueryRowContext(ctx, `SELECT max_sandboxes, max_memory_mb, max_cpu, max_snapshot_mb, max_rps FROM team_quotas WHERE team = ?`, team).Scan(&q.MaxSandboxes, &q.MaxMemoryMB, &q.MaxCPU, &q.MaxSnapshotMB, &q.MaxRPS)
 	if errors.Is(err, sql.ErrNoRows) {
 		return q, errdefs.NotFound("team %s has no quota of its own", team)
 	}
@@ -134,13 +135,13 @@ func (s *Store) GetQuota(ctx context.Context, team string) (Quota, error) {
 
 // PutQuota sets team's quota (replacing the server's default for it).
 func (s *Store) PutQuota(ctx context.Context, team string, q Quota) error {
-	if team == "" || q.MaxSandboxes < 0 || q.MaxMemoryMB < 0 || q.MaxCPU < 0 || q.MaxSnapshotMB < 0 {
+	if team == "" || q.MaxSandboxes < 0 || q.MaxMemoryMB < 0 || q.MaxCPU < 0 || q.MaxSnapshotMB < 0 || q.MaxRPS < 0 {
 		return errdefs.InvalidArgument("quota needs a team and limits of 0 (none) or more")
 	}
-	_, err := s.w.ExecContext(ctx, `INSERT INTO team_quotas(team, max_sandboxes, max_memory_mb, max_cpu, max_snapshot_mb, updated_at) VALUES (?, ?, ?, ?, ?, ?)
+	_, err := s.w.ExecContext(ctx, `INSERT INTO team_quotas(team, max_sandboxes, max_memory_mb, max_cpu, max_snapshot_mb, max_rps, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT(team) DO UPDATE SET max_sandboxes = excluded.max_sandboxes, max_memory_mb = excluded.max_memory_mb,
-		max_cpu = excluded.max_cpu, max_snapshot_mb = excluded.max_snapshot_mb, updated_at = excluded.updated_at`,
-		team, q.MaxSandboxes, q.MaxMemoryMB, q.MaxCPU, q.MaxSnapshotMB, toNanos(time.Now()))
+		max_cpu = excluded.max_cpu, max_snapshot_mb = excluded.max_snapshot_mb, max_rps = excluded.max_rps, updated_at = excluded.updated_at`,
+		team, q.MaxSandboxes, q.MaxMemoryMB, q.MaxCPU, q.MaxSnapshotMB, q.MaxRPS, toNanos(time.Now()))
 	return classify(err, "quota of team "+team)
 }
 

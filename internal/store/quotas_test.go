@@ -121,10 +121,10 @@ func TestQuotaCPU(t *testing.T) {
 	if u, _ := s.TeamUsage(ctx, "t1"); u != (Usage{Sandboxes: 3, MemoryMB: 1536, CPU: 5}) {
 		t.Fatalf("usage %+v", u)
 	}
-	if err := s.PutQuota(ctx, "t1", Quota{MaxCPU: 8}); err != nil {
+	if err := s.PutQuota(ctx, "t1", Quota{MaxCPU: 8, MaxRPS: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.GetQuota(ctx, "t1"); err != nil || got != (Quota{MaxCPU: 8}) {
+	if got, err := s.GetQuota(ctx, "t1"); err != nil || got != (Quota{MaxCPU: 8, MaxRPS: 3}) {
 		t.Fatalf("GetQuota = %+v, %v", got, err)
 	}
 }

@@ -20,6 +20,7 @@ const (
 	CodeTooLarge         = "too_large"            // 413
 	CodeUpgradeRequired  = "upgrade_required"     // 426
 	CodeQuotaExceeded    = "quota_exceeded"       // 429: a team's quota
+	CodeRateLimited      = "rate_limited"         // 429: a team's requests per second
 	CodeInternal         = "internal"             // 500
 	CodeNotSupported     = "not_supported"        // 501
 	CodeUnavailable      = "unavailable"          // 503
@@ -68,6 +69,7 @@ var (
 	ErrTooLarge         = &APIError{Status: 413, Code: CodeTooLarge}
 	ErrUpgradeRequired  = &APIError{Status: 426, Code: CodeUpgradeRequired}
 	ErrQuotaExceeded    = &APIError{Status: 429, Code: CodeQuotaExceeded}
+	ErrRateLimited      = &APIError{Status: 429, Code: CodeRateLimited}
 	ErrInternal         = &APIError{Status: 500, Code: CodeInternal}
 	ErrNotSupported     = &APIError{Status: 501, Code: CodeNotSupported}
 	ErrUnavailable      = &APIError{Status: 503, Code: CodeUnavailable}
@@ -88,6 +90,11 @@ func IsPermissionDenied(err error) bool { return errors.Is(err, ErrPermissionDen
 // team holds as many sandboxes (or as much memory, or snapshot data) as its
 // quota allows.
 func IsQuotaExceeded(err error) bool { return errors.Is(err, ErrQuotaExceeded) }
+
+// IsRateLimited reports whether err is a 429 rate_limited APIError: the
+// team sent more requests per second than its quota allows (the response's
+// Retry-After says when to try again; a second at most).
+func IsRateLimited(err error) bool { return errors.Is(err, ErrRateLimited) }
 
 // IsNoStorage reports whether err is a 507 insufficient_storage APIError:
 // the server's disk is below its reserve (retry once space was freed).

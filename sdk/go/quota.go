@@ -16,6 +16,9 @@ type Quota struct {
 	// distinct chunk once, before compression); past it snapshots fail
 	// with IsQuotaExceeded and automatic ones are skipped.
 	MaxSnapshotMB int `json:"max_snapshot_mb"`
+	// MaxRPS limits the team's API requests per second (a second's worth
+	// may come at once); past it requests fail with IsRateLimited.
+	MaxRPS int `json:"max_rps"`
 	// Source is "team" (the team's own quota) or "default" (the server's).
 	Source string     `json:"source"`
 	Usage  QuotaUsage `json:"usage"`
@@ -36,6 +39,7 @@ type SetQuotaRequest struct {
 	MaxMemoryMB   *int `json:"max_memory_mb,omitempty"`
 	MaxCPU        *int `json:"max_cpu,omitempty"`
 	MaxSnapshotMB *int `json:"max_snapshot_mb,omitempty"`
+	MaxRPS        *int `json:"max_rps,omitempty"`
 }
 
 // GetQuota returns a team's quota and usage. A team key reads only its own
