@@ -621,3 +621,22 @@ func TestRestoreThroughLink(t *testing.T) {
 		t.Errorf("after the restore: %q (written %v)", got, res.Written)
 	}
 }
+
+// TestTemplateIndexedInBackground: the first snapshot on a data directory
+// starts indexing its template for full views in the background (once),
+// so the first file history or restore does not wait for it.
+func TestTemplateIndexedInBackground(t *testing.T) {
+	s := startServer(t, "", "--pool-size", "-1", "--snapshot-interval", "-1")
+	id := s.create(nil)
+	s.snapshot(id, "files", "one")
+	waitFor(t, "the template to be indexed in the background", 3*time.Minute, func() bool {
+		return strings.Contains(s.logText(), "template indexed for snapshots")
+	})
+	sn := s.snapshot(id, "files", "two")
+	if code := s.do("GET", "/v1/snapshots/"+sn.ID+"/files", s.key, nil, nil); code != 200 {
+		t.Errorf("a snapshot's full file list: %d", code)
+	}
+	if n := strings.Count(s.logText(), "template indexed for snapshots"); n != 1 {
+		t.Errorf("the template was indexed %d times, want once", n)
+	}
+}

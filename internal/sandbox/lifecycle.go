@@ -270,8 +270,12 @@ func (s *Service) markStopped(ctx context.Context, sb store.Sandbox, reason stri
 // stopping it: sandboxes keep running and the next server process
 // re-attaches them.
 func (s *Service) Shutdown() {
-	s.closing.Store(true)
+	s.bgMu.Lock()
+	s.closing.Store(true) // no background work starts after this
+	s.bgMu.Unlock()
+	s.bgStop()
 	s.StopPools()
+	s.bgWG.Wait()
 	s.procs.close()
 	// Identities still on their way (warm claims answered a moment ago)
 	// get a few seconds to arrive; one that does not is delivered by the

@@ -96,6 +96,15 @@ type Service struct {
 	snaps  *Snapshots   // nil: snapshots disabled
 	egress *egressState // nil: no network for any sandbox
 	tplMu  sync.Mutex   // one template indexing at a time
+	// tplIndexing holds the template digests whose full view has been
+	// started in the background (prepareTemplateView).
+	tplIndexing sync.Map
+	// bg lives until Shutdown: background work of the service's own
+	// (template indexing) runs under it, and Shutdown waits for bgWG.
+	bg     context.Context
+	bgStop context.CancelFunc
+	bgWG   sync.WaitGroup
+	bgMu   sync.Mutex // orders bgWG.Add before Shutdown's Wait
 
 	procs *procLog // process history, written off the exec path
 
@@ -194,6 +203,7 @@ func New(cfg Config, st *store.Store, drivers []driver.Driver, log *slog.Logger,
 		hostMem:  &gauge{ttl: 100 * time.Millisecond, read: hostAvailableMB},
 		hostDisk: &gauge{ttl: time.Second, read: func() (int64, bool) { return dirAvailableMB(cfg.DataDir) }}}
 	s.procs = newProcLog(st, log)
+	s.bg, s.bgStop = context.WithCancel(context.Background())
 	for _, d := range drivers {
 		s.drivers[d.Name()] = d
 	}
