@@ -182,7 +182,9 @@ func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name
 		return rec, err
 	}
 	rec.Status, rec.BytesNew, rec.BytesTotal = store.SnapshotReady, bytesNew, bytesTotal
-	s.prepareTemplateView(sb.Template, sb.TemplateDigest)
+	if canExport { // a snapshot with a file-level view
+		s.prepareTemplateView(sb.Template, sb.TemplateDigest)
+	}
 	s.log.Info("snapshot taken", "sandbox", sb.ID, "snapshot", rec.ID, "kind", kind, "bytes_new", bytesNew, "bytes_total", bytesTotal, "automatic", automatic)
 	return rec, nil
 }
