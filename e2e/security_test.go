@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -677,4 +678,73 @@ func TestStreamLimit(t *testing.T) {
 		c.Close()
 		return false
 	})
+}
+
+// TestAutoResume: a sandbox created with auto_resume, paused by its timeout
+// or by a caller, is resumed by the next request into it (a command, a
+// file, its port; several at once) with a new timeout period; pause,
+// snapshot and other operations still see it paused; without auto_resume
+// a command gets 409 as before.
+func TestAutoResume(t *testing.T) {
+	s := sharedServer(t)
+	var sb struct {
+		sandboxView
+		AutoResume bool `json:"auto_resume"`
+	}
+	if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"timeout_s": 3, "on_timeout": "pause", "auto_resume": true}, &sb); code != 201 || !sb.AutoResume {
+		t.Fatalf("create with auto_resume: %d %+v", code, sb)
+	}
+	id := sb.ID
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	startPortServer(t, s, s.key, id, 8000)
+	if code := s.do("PUT", "/v1/sandboxes/"+id+"/files?path=/tmp/state", s.key, "kept", nil); code != 200 {
+		t.Fatalf("write: %d", code)
+	}
+	paused := func(what string) {
+		t.Helper()
+		waitFor(t, what, time.Minute, func() bool {
+			s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb)
+			return sb.State == "paused"
+		})
+	}
+	paused("the timeout to pause it")
+	var e apiError
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/pause", s.key, nil, &e); code != 409 {
+		t.Errorf("pause of a paused auto_resume sandbox: %d, want 409 (only requests into it wake it)", code)
+	}
+	// Five commands at once: one resumes it, all run.
+	var wg sync.WaitGroup
+	for i := range 5 {
+		wg.Go(func() {
+			var r execResult
+			if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "cat /tmp/state"}, &r); code != 200 || r.Stdout != "kept" {
+				t.Errorf("command %d on a paused auto_resume sandbox: %d %+v", i, code, r)
+			}
+		})
+	}
+	wg.Wait()
+	s.do("GET", "/v1/sandboxes/"+id, s.key, nil, &sb)
+	if sb.State != "running" || !sb.ExpiresAt.After(time.Now()) {
+		t.Errorf("after the commands: %+v", sb)
+	}
+	// Paused by a caller this time; its port wakes it.
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/pause", s.key, nil, nil); code != 200 {
+		t.Fatalf("pause: %d", code)
+	}
+	if code, body := httpGet(t, s.url+"/v1/sandboxes/"+id+"/ports/8000/woken", "", http.Header{"Authorization": {"Bearer " + s.key}}); code != 200 || body != "path=/woken" {
+		t.Errorf("the port of a paused auto_resume sandbox: %d %q", code, body)
+	}
+	// And a file read.
+	s.do("POST", "/v1/sandboxes/"+id+"/pause", s.key, nil, nil)
+	if code := s.do("GET", "/v1/sandboxes/"+id+"/files/stat?path=/tmp/state", s.key, nil, nil); code != 200 {
+		t.Errorf("a file stat on a paused auto_resume sandbox: %d", code)
+	}
+
+	// Without auto_resume nothing wakes it.
+	plain := s.create(nil)
+	defer s.do("DELETE", "/v1/sandboxes/"+plain, s.key, nil, nil)
+	s.do("POST", "/v1/sandboxes/"+plain+"/pause", s.key, nil, nil)
+	if code := s.do("POST", "/v1/sandboxes/"+plain+"/exec", s.key, map[string]any{"cmd": "true"}, &e); code != 409 || e.State != "paused" {
+		t.Errorf("a command on a paused sandbox without auto_resume: %d %+v", code, e)
+	}
 }

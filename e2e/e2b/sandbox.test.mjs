@@ -110,6 +110,21 @@ test('pause, then connect resumes with files and processes intact', { timeout: 1
   })
 })
 
+test('lifecycle autoResume: a paused sandbox wakes for a command', { timeout: 180000 }, async () => {
+  await withSandbox(async (sbx) => {
+    const info = await sbx.getInfo()
+    assert.deepEqual(info.lifecycle, { onTimeout: 'pause', autoResume: true })
+    await sbx.files.write('/home/user/woken.txt', 'before')
+    assert.equal(await sbx.betaPause(), true)
+    assert.equal((await sbx.getInfo()).state, 'paused')
+    // No connect(): the command itself resumes the sandbox.
+    assert.equal((await sbx.commands.run('cat /home/user/woken.txt')).stdout, 'before')
+    assert.equal((await sbx.getInfo()).state, 'running')
+  }, { opts: { lifecycle: { onTimeout: 'pause', autoResume: true } } })
+  // autoResume needs onTimeout 'pause' (the SDK says so before asking).
+  await assert.rejects(Sandbox.create({ lifecycle: { onTimeout: 'kill', autoResume: true } }), /autoResume/)
+})
+
 test('createSnapshot, listSnapshots, create from a snapshot, fork', { timeout: 300000 }, async () => {
   await withSandbox(async (sbx) => {
     await sbx.files.write('/home/user/f.txt', 'parent')

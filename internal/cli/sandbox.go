@@ -59,6 +59,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringVar(&req.Snapshot, "from-snapshot", "", "create from this snapshot (a checkpoint resumes its processes; a files snapshot boots its template with those files); excludes --template")
 	f.IntVar(&req.TimeoutS, "timeout", 0, "seconds until the --on-timeout action (server default: 300)")
 	f.StringVar(&req.OnTimeout, "on-timeout", "", "what happens at the timeout: kill or pause (server default: kill)")
+	f.BoolVar(&req.AutoResume, "auto-resume", false, "while paused, a command, file or port request resumes it first")
 	f.StringArrayVar(&env, "env", nil, "environment variable KEY=VALUE for every process (repeatable)")
 	f.StringArrayVar(&meta, "metadata", nil, "metadata KEY=VALUE (repeatable)")
 	f.IntVar(&req.CPU, "cpu", 0, "vCPUs")

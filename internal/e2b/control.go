@@ -138,7 +138,7 @@ func (h *Handler) detailJSON(sb store.Sandbox, withToken bool) detailJSON {
 		CPUCount: sb.CPU, MemoryMB: sb.MemoryMB, DiskSizeMB: diskSizeMB, EnvdVersion: EnvdVersion,
 		StartedAt: sb.CreatedAt.UTC(), EndAt: sb.ExpiresAt.UTC(), State: e2bState(sb.State),
 		Metadata: sb.Metadata, Domain: h.domain(),
-		Lifecycle: &lifecycleJSON{OnTimeout: sb.OnTimeout, AutoResume: false},
+		Lifecycle: &lifecycleJSON{OnTimeout: sb.OnTimeout, AutoResume: sb.AutoResume},
 	}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
@@ -177,8 +177,11 @@ type createBody struct {
 		// false: only an explicit true opens them.
 		AllowPublicTraffic *bool `json:"allowPublicTraffic"`
 	} `json:"network"`
-	AutoPause bool  `json:"autoPause"`
-	Secure    *bool `json:"secure"`
+	AutoPause  bool `json:"autoPause"`
+	AutoResume *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+	Secure *bool `json:"secure"`
 }
 
 // networkSpec maps E2B's network options onto space's egress policy.
@@ -208,6 +211,13 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	}
 	if b.AutoPause {
 		req.OnTimeout = "pause"
+	}
+	if b.AutoResume != nil && b.AutoResume.Enabled {
+		if !b.AutoPause {
+			h.writeError(w, r, errdefs.InvalidArgument("autoResume needs autoPause (lifecycle.onTimeout 'pause')"))
+			return
+		}
+		req.AutoResume = true
 	}
 	if strings.HasPrefix(b.TemplateID, "snap-") {
 		req.Snapshot = b.TemplateID

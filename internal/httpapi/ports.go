@@ -21,7 +21,10 @@ func (a *API) portProxy(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 	// Checked on every request: a kept-alive connection to the port is
 	// reused without a new dial.
 	sb, err := a.svc.Get(r.Context(), c, id)
-	if err == nil && sb.State != sandbox.StateRunning {
+	switch {
+	case err == nil && sb.State == sandbox.StatePaused && sb.AutoResume:
+		err = a.svc.Wake(r.Context(), c, id) // before a kept-alive connection is reused
+	case err == nil && sb.State != sandbox.StateRunning:
 		err = errdefs.Newf(errdefs.ErrConflict, "sandbox %s is %s", id, sb.State)
 	}
 	if err != nil {

@@ -29,6 +29,8 @@ type Sandbox struct {
 	StoppedAt *time.Time        `json:"stopped_at,omitempty"`
 	// PublicPorts: its ports answer without a token on the E2B listener.
 	PublicPorts bool `json:"public_ports,omitempty"`
+	// AutoResume: a request to it while paused resumes it.
+	AutoResume bool `json:"auto_resume,omitempty"`
 }
 
 func viewSandbox(sb store.Sandbox) Sandbox {
@@ -40,7 +42,7 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 		ID: sb.ID, State: sb.State, Reason: sb.Reason, Template: sb.Template, Driver: sb.Driver,
 		CPU: sb.CPU, MemoryMB: sb.MemoryMB, TimeoutS: sb.TimeoutS, OnTimeout: sb.OnTimeout,
 		Metadata: md, CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, StoppedAt: sb.StoppedAt,
-		PublicPorts: sb.PublicPorts,
+		PublicPorts: sb.PublicPorts, AutoResume: sb.AutoResume,
 	}
 }
 

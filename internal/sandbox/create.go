@@ -44,6 +44,11 @@ type CreateRequest struct {
 	// allowPublicTraffic: true). Off by default; the /v1 port path always
 	// needs the API key. Forks and restores of the sandbox keep it.
 	PublicPorts bool `json:"public_ports"`
+	// AutoResume: while the sandbox is paused (by its timeout with
+	// on_timeout "pause", or by a caller), a request to its processes,
+	// files or ports resumes it first (E2B's autoResume). Forks and
+	// restores keep it.
+	AutoResume bool `json:"auto_resume"`
 }
 
 var (
@@ -189,7 +194,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		Driver: req.Driver, State: StateCreating, Env: req.Env, Metadata: req.Metadata,
 		CPU: req.CPU, MemoryMB: req.MemoryMB, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(time.Duration(req.TimeoutS) * time.Second),
-		SnapshotIntervalS: req.SnapshotIntervalS, RetentionDays: req.RetentionDays, PublicPorts: req.PublicPorts,
+		SnapshotIntervalS: req.SnapshotIntervalS, RetentionDays: req.RetentionDays, PublicPorts: req.PublicPorts, AutoResume: req.AutoResume,
 	}
 	if sb.Env == nil {
 		sb.Env = map[string]string{}

@@ -139,7 +139,7 @@ func (s *Service) execTarget(ctx context.Context, c Caller, id string, req ExecR
 	if err := req.validate(); err != nil {
 		return store.Sandbox{}, nil, err
 	}
-	return s.liveOf(ctx, c, id, StateRunning)
+	return s.liveRunning(ctx, c, id)
 }
 
 func (r ExecRequest) agentRequest() agentproto.StartRequest {
@@ -174,7 +174,7 @@ type EventStream interface {
 // Events streams a process's events from seq from (1 = the beginning).
 // The exit, when the stream sees it, is recorded in the store.
 func (s *Service) Events(ctx context.Context, c Caller, id string, pid int, from uint64, follow bool) (EventStream, error) {
-	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	_, l, err := s.liveRunning(ctx, c, id)
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +219,7 @@ func (r *recordingStream) Next() (agentproto.Event, error) {
 
 // Processes lists the processes started in the sandbox.
 func (s *Service) Processes(ctx context.Context, c Caller, id string) ([]agentproto.Process, error) {
-	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	_, l, err := s.liveRunning(ctx, c, id)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +228,7 @@ func (s *Service) Processes(ctx context.Context, c Caller, id string) ([]agentpr
 
 // Stdin writes to a process's stdin.
 func (s *Service) Stdin(ctx context.Context, c Caller, id string, pid int, r io.Reader, eof bool) error {
-	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	_, l, err := s.liveRunning(ctx, c, id)
 	if err != nil {
 		return err
 	}
@@ -240,7 +240,7 @@ func (s *Service) Signal(ctx context.Context, c Caller, id string, pid int, sig 
 	if sig == "" || len(sig) > 16 {
 		return errdefs.InvalidArgument("signal: required, e.g. SIGTERM")
 	}
-	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	_, l, err := s.liveRunning(ctx, c, id)
 	if err != nil {
 		return err
 	}
@@ -249,7 +249,7 @@ func (s *Service) Signal(ctx context.Context, c Caller, id string, pid int, sig 
 
 // Resize resizes a PTY process's terminal.
 func (s *Service) Resize(ctx context.Context, c Caller, id string, pid int, size agentproto.PTYSize) error {
-	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	_, l, err := s.liveRunning(ctx, c, id)
 	if err != nil {
 		return err
 	}
@@ -259,7 +259,7 @@ func (s *Service) Resize(ctx context.Context, c Caller, id string, pid int, size
 // Agent returns the agent client of a running sandbox (for the file
 // operations in files.go and for facades that need the raw agent).
 func (s *Service) agentFor(ctx context.Context, c Caller, id string) (*agentclient.Client, error) {
-	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	_, l, err := s.liveRunning(ctx, c, id)
 	if err != nil {
 		return nil, err
 	}

@@ -167,6 +167,9 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 	if req.PublicPorts {
 		sb.PublicPorts = true
 	}
+	if req.AutoResume {
+		sb.AutoResume = true
+	}
 	if req.Metadata != nil {
 		sb.Metadata = req.Metadata
 	}

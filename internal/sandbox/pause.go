@@ -63,6 +63,11 @@ func (s *Service) Resume(ctx context.Context, c Caller, id string) (store.Sandbo
 	l.lockOp()
 	defer l.opMu.Unlock()
 	ctx = context.WithoutCancel(ctx)
+	// Another resume may have run while this one waited for the lock:
+	// thawing a running sandbox is an error of the runtime, not a 409.
+	if cur, err := s.store.GetSandbox(ctx, id); err == nil && cur.State != StatePaused {
+		return cur, stateConflict(cur.State, "sandbox %s is %s", id, cur.State)
+	}
 	if err := l.inst.Resume(ctx); err != nil {
 		return sb, fmt.Errorf("resume: %v: %w", err, errdefs.ErrUnavailable)
 	}

@@ -324,7 +324,7 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 	sb.TimeoutS, sb.OnTimeout = want.TimeoutS, want.OnTimeout
 	sb.CreatedAt, sb.UpdatedAt, sb.ExpiresAt = want.CreatedAt, want.CreatedAt, want.ExpiresAt
 	sb.SnapshotIntervalS, sb.RetentionDays = want.SnapshotIntervalS, want.RetentionDays
-	sb.PublicPorts = want.PublicPorts
+	sb.PublicPorts, sb.AutoResume = want.PublicPorts, want.AutoResume
 	sb.State = StateRunning
 	fail := func(err error) (store.Sandbox, error) {
 		s.forgetNetwork(sb.ID)

@@ -20,7 +20,7 @@ func (s *Service) DialPort(ctx context.Context, c Caller, id string, port int) (
 	if port < 1 || port > 65535 {
 		return nil, errdefs.InvalidArgument("port: a number from 1 to 65535")
 	}
-	_, l, err := s.liveOf(ctx, c, id, StateRunning)
+	_, l, err := s.liveRunning(ctx, c, id)
 	if err != nil {
 		return nil, err
 	}

@@ -260,6 +260,32 @@ func (s *Service) liveOf(ctx context.Context, c Caller, id string, states ...str
 	return sb, l, nil
 }
 
+// Wake resumes a paused sandbox created with auto_resume (a request for
+// it arrived) and returns when it runs; for any other sandbox it only
+// checks that it runs.
+func (s *Service) Wake(ctx context.Context, c Caller, id string) error {
+	_, _, err := s.liveRunning(ctx, c, id)
+	return err
+}
+
+// liveRunning is liveOf for a running sandbox, for requests that reach
+// into it (processes, files, ports): a paused sandbox created with
+// auto_resume is resumed first (E2B's autoResume). Other operations
+// (pause, snapshot, fork, metrics) still see it paused.
+func (s *Service) liveRunning(ctx context.Context, c Caller, id string) (store.Sandbox, *live, error) {
+	sb, l, err := s.liveOf(ctx, c, id, StateRunning)
+	var ce *ConflictError
+	if err == nil || !sb.AutoResume || !errors.As(err, &ce) || ce.State != StatePaused {
+		return sb, l, err
+	}
+	if _, err := s.Resume(ctx, c, id); err == nil {
+		s.log.Info("sandbox woken by a request (auto_resume)", "sandbox", id)
+	} else if !errors.As(err, &ce) || ce.State != StateRunning { // running: another request woke it first
+		return sb, nil, err
+	}
+	return s.liveOf(ctx, c, id, StateRunning)
+}
+
 func (s *Service) stateDir(id string) string {
 	return filepath.Join(s.cfg.DataDir, "sandboxes", id)
 }

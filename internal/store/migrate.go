@@ -140,6 +140,10 @@ ALTER TABLE team_quotas ADD COLUMN max_cpu INTEGER NOT NULL DEFAULT 0;
 	`
 ALTER TABLE team_quotas ADD COLUMN max_rps INTEGER NOT NULL DEFAULT 0;
 `,
+	// 10: a paused sandbox that a request wakes (E2B's autoResume).
+	`
+ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

@@ -46,6 +46,9 @@ type Sandbox struct {
 	// on the E2B listener reach it without a token (E2B's
 	// allowPublicTraffic); off unless asked for at create.
 	PublicPorts bool
+	// AutoResume: while paused, a request to its processes, files or
+	// ports resumes it (E2B's autoResume); off unless asked for.
+	AutoResume bool
 }
 
 // SandboxFilter selects sandboxes for ListSandboxes. Empty fields match
@@ -66,20 +69,20 @@ const (
 
 const sandboxCols = `id, team, template, template_digest, driver, state, reason, handle, env, metadata,
 	cpu, memory_mb, timeout_s, on_timeout, created_at, updated_at, expires_at, stopped_at,
-	snapshot_interval_s, retention_days, public_ports`
+	snapshot_interval_s, retention_days, public_ports, auto_resume`
 
 func scanSandbox(sc scanner) (Sandbox, error) {
 	var sb Sandbox
 	var env, md string
 	var created, updated, expires int64
 	var stopped sql.NullInt64
-	var public int
+	var public, autoResume int
 	if err := sc.Scan(&sb.ID, &sb.Team, &sb.Template, &sb.TemplateDigest, &sb.Driver, &sb.State, &sb.Reason,
 		&sb.Handle, &env, &md, &sb.CPU, &sb.MemoryMB, &sb.TimeoutS, &sb.OnTimeout,
-		&created, &updated, &expires, &stopped, &sb.SnapshotIntervalS, &sb.RetentionDays, &public); err != nil {
+		&created, &updated, &expires, &stopped, &sb.SnapshotIntervalS, &sb.RetentionDays, &public, &autoResume); err != nil {
 		return Sandbox{}, err
 	}
-	sb.PublicPorts = public != 0
+	sb.PublicPorts, sb.AutoResume = public != 0, autoResume != 0
 	var err error
 	if sb.Env, err = decodeMap(env); err != nil {
 		return Sandbox{}, err
@@ -127,8 +130,8 @@ func (s *Store) CreateSandboxWithin(ctx context.Context, sb Sandbox, q Quota) er
 	args := []any{sb.ID, sb.Team, sb.Template, sb.TemplateDigest, sb.Driver, sb.State, sb.Reason, sb.Handle, env, md,
 		sb.CPU, sb.MemoryMB, sb.TimeoutS, sb.OnTimeout,
 		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt), toNullNanos(sb.StoppedAt),
-		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts)}
-	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
+		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), boolInt(sb.AutoResume)}
+	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
 	if q.SandboxesUnlimited() {
 		_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES (`+values+`)`, args...)
 		return classify(err, "sandbox "+sb.ID)

@@ -41,6 +41,9 @@ type Sandbox struct {
 	// PublicPorts: its ports answer without a token on the server's E2B
 	// listener (<port>-<id>.<domain>).
 	PublicPorts bool `json:"public_ports,omitempty"`
+	// AutoResume: while paused, a request to its processes, files or ports
+	// resumes it first.
+	AutoResume bool `json:"auto_resume,omitempty"`
 }
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes. Zero fields take the
@@ -67,6 +70,10 @@ type CreateSandboxRequest struct {
 	// allowPublicTraffic). The /v1 port path (PortURL, PortTransport)
 	// always needs the API key.
 	PublicPorts bool `json:"public_ports,omitempty"`
+	// AutoResume: while the sandbox is paused (OnTimeout "pause", or a
+	// Pause), a request to its processes, files or ports resumes it first
+	// (E2B's autoResume). Forks and restores keep it.
+	AutoResume bool `json:"auto_resume,omitempty"`
 }
 
 // CreateSandbox creates and starts a sandbox. It returns when the sandbox is
