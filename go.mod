@@ -7,9 +7,8 @@ require github.com/spacesandbox/space/sdk/go v0.0.0
 require (
 	connectrpc.com/connect v1.21.1
 	github.com/klauspost/compress v1.20.4
+	golang.org/x/time v0.16.0
 )
-
-require golang.org/x/time v0.16.0
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
