@@ -64,14 +64,8 @@ func TestMain(m *testing.M) {
 func TestMetricsListen(t *testing.T) {
 	addr := freeAddr(t)
 	s := startServer(t, "", "--metrics-listen", addr, "--pool-size", "-1", "--snapshot-interval", "-1")
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || !bytes.Contains(body, []byte("space_sandboxes{")) {
-		t.Errorf("/metrics on --metrics-listen: %d %.200q", resp.StatusCode, body)
+	if code, body := httpGet(t, "http://"+addr+"/metrics", "", nil); code != 200 || !strings.Contains(body, "space_sandboxes{") {
+		t.Errorf("/metrics on --metrics-listen: %d %.200q", code, body)
 	}
 	if code, _ := httpGet(t, s.url+"/metrics", "", nil); code != 404 {
 		t.Errorf("/metrics on the API listener with --metrics-listen set: %d", code)

@@ -24,40 +24,44 @@ func serveDebug(ctx context.Context, addr string, log *slog.Logger) error {
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return fmt.Errorf("--debug-listen %q: only a loopback address is allowed", addr)
 	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("debug listen: %w", err)
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		srv.Close()
-	}()
-	go srv.Serve(ln)
-	log.Info("pprof profiles", "url", "http://"+ln.Addr().String()+"/debug/pprof/")
+	base, err := serveAside(ctx, "--debug-listen", addr, mux)
+	if err != nil {
+		return err
+	}
+	log.Info("pprof profiles", "url", base+"/debug/pprof/")
 	return nil
 }
 
 // serveMetrics serves /metrics of g on addr until ctx ends (--metrics-listen).
 func serveMetrics(ctx context.Context, addr string, g prometheus.Gatherer, log *slog.Logger) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("--metrics-listen: %w", err)
-	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	base, err := serveAside(ctx, "--metrics-listen", addr, mux)
+	if err != nil {
+		return err
+	}
+	log.Info("metrics", "url", base+"/metrics")
+	return nil
+}
+
+// serveAside serves h on addr (the value of flag) until ctx ends, beside
+// the API, and returns its base URL.
+func serveAside(ctx context.Context, flag, addr string, h http.Handler) (string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
 	}()
 	go srv.Serve(ln)
-	log.Info("metrics", "url", "http://"+ln.Addr().String()+"/metrics")
-	return nil
+	return "http://" + ln.Addr().String(), nil
 }
