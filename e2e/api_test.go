@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	space "github.com/spacesandbox/space/sdk/go"
 	"io"
 	"math/rand"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -574,6 +577,83 @@ func (s *server) get(id, path string) (*http.Response, error) {
 	req, _ := http.NewRequest("GET", s.url+"/v1/sandboxes/"+id+"/files?path="+urlEscape(path), nil)
 	req.Header.Set("Authorization", "Bearer "+s.key)
 	return http.DefaultClient.Do(req)
+}
+
+// TestUploadChecksum: an upload reports the SHA-256 of what it wrote; with
+// ?sha256= it writes nothing unless the body has that SHA-256 (a file
+// already at the path keeps its bytes); the Go SDK and `space cp` send it.
+func TestUploadChecksum(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	const size = 110 << 20
+	sum, _ := digest(detReader(7, size))
+	want := hex.EncodeToString(sum)
+	upload := func(path, sha string, body io.Reader) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest("PUT", s.url+"/v1/sandboxes/"+id+"/files?path="+urlEscape(path)+"&sha256="+sha, body)
+		req.Header.Set("Authorization", "Bearer "+s.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		json.NewDecoder(resp.Body).Decode(&out)
+		return resp.StatusCode, out
+	}
+	if code, out := upload("/home/user/big.bin", want, detReader(7, size)); code != 200 || out["sha256"] != want || out["size"] != float64(size) {
+		t.Fatalf("110 MiB with its SHA-256: %d %v", code, out)
+	}
+	if r := s.sh(id, "sha256sum /home/user/big.bin"); !strings.HasPrefix(r.Stdout, want+" ") {
+		t.Errorf("in the sandbox: %q, want %s", r.Stdout, want)
+	}
+	// A mismatch writes nothing: not over an existing file, not a new one.
+	if code := s.put(id, "/home/user/keep.txt", strings.NewReader("original")); code != 200 {
+		t.Fatalf("put: %d", code)
+	}
+	for _, path := range []string{"/home/user/keep.txt", "/home/user/new.txt"} {
+		code, out := upload(path, want, strings.NewReader("changed"))
+		if code != 400 || out["error"] != "invalid_argument" || !strings.Contains(fmt.Sprint(out["message"]), "SHA-256") {
+			t.Errorf("%s with another body's SHA-256: %d %v", path, code, out)
+		}
+	}
+	if r := s.sh(id, "cat /home/user/keep.txt; test -e /home/user/new.txt && echo NEW"); r.Stdout != "original" {
+		t.Errorf("after the refused writes: %q", r.Stdout)
+	}
+	if code, out := upload("/home/user/x.txt", "abc", strings.NewReader("x")); code != 400 || !strings.Contains(fmt.Sprint(out["message"]), "sha256") {
+		t.Errorf("a malformed sha256: %d %v", code, out)
+	}
+	// Without ?sha256= the answer still carries it.
+	if code, out := upload("/home/user/plain.txt", "", strings.NewReader("plain")); code != 200 || out["sha256"] != hex.EncodeToString(sha256Of("plain")) {
+		t.Errorf("an upload without sha256: %d %v", code, out)
+	}
+
+	// The Go SDK: a matching SHA-256, then a wrong one.
+	c := space.NewClient(s.url, s.key)
+	if fi, err := c.WriteFileChecked(t.Context(), id, "/home/user/sdk.txt", "", hex.EncodeToString(sha256Of("sdk")), strings.NewReader("sdk")); err != nil || fi.SHA256 != hex.EncodeToString(sha256Of("sdk")) {
+		t.Errorf("SDK WriteFileChecked: %+v %v", fi, err)
+	}
+	if _, err := c.WriteFileChecked(t.Context(), id, "/home/user/sdk.txt", "", want, strings.NewReader("other")); !space.IsInvalidArgument(err) {
+		t.Errorf("SDK WriteFileChecked with a wrong SHA-256: %v", err)
+	}
+
+	// space cp hashes a local file and the server checks it.
+	local := filepath.Join(t.TempDir(), "cp.bin")
+	os.WriteFile(local, []byte("copied by space cp"), 0o644)
+	cp := exec.Command(spaceBin(t), "cp", local, id+":/home/user/cp.bin")
+	cp.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+s.key)
+	if out, err := cp.CombinedOutput(); err != nil {
+		t.Fatalf("space cp: %v %s", err, out)
+	}
+	if r := s.sh(id, "cat /home/user/cp.bin"); r.Stdout != "copied by space cp" {
+		t.Errorf("after space cp: %q", r.Stdout)
+	}
+}
+
+func sha256Of(s string) []byte {
+	h := sha256.Sum256([]byte(s))
+	return h[:]
 }
 
 func TestFiles(t *testing.T) { forEachDriver(t, testFiles) }

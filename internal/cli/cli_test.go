@@ -217,6 +217,7 @@ func fakeServer(t *testing.T) *httptest.Server {
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", auth(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		uploads[r.URL.Query().Get("path")] = string(b)
+		uploadSums[r.URL.Query().Get("path")] = r.URL.Query().Get("sha256")
 		json.NewEncoder(w).Encode(map[string]any{"path": r.URL.Query().Get("path"), "size": len(b)})
 	}))
 	srv := httptest.NewServer(mux)
@@ -226,6 +227,9 @@ func fakeServer(t *testing.T) *httptest.Server {
 
 // uploads records PUT bodies by path (tests run sequentially).
 var uploads = map[string]string{}
+
+// uploadSums records the sha256 query of each PUT by path.
+var uploadSums = map[string]string{}
 
 func writeErr(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "application/json")
@@ -316,6 +320,10 @@ func TestCLICp(t *testing.T) {
 	}
 	if uploads["/work/local.txt"] != "hello" {
 		t.Fatalf("uploads = %v", uploads)
+	}
+	// A local file goes with its SHA-256, which the server checks.
+	if got := uploadSums["/work/local.txt"]; got != "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824" {
+		t.Errorf("cp sent sha256 %q", got)
 	}
 	// Upload to a new name.
 	if code, _, errOut := runCLI(t, srv, "", "cp", local, "sb_42:/work/new.txt"); code != 0 || uploads["/work/new.txt"] != "hello" {

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -84,6 +86,7 @@ func (a *app) cpCommand() *cobra.Command {
 // (or ends in /) receives the file under its base name.
 func (a *app) upload(ctx context.Context, c *space.Client, local string, dst location, dstIsDir bool, user string) error {
 	var r io.Reader = a.stdin
+	sum := "" // SHA-256 of a local file, checked by the server
 	if local != "-" {
 		f, err := os.Open(local)
 		if err != nil {
@@ -96,6 +99,18 @@ func (a *app) upload(ctx context.Context, c *space.Client, local string, dst loc
 		}
 		if st.IsDir() {
 			return fmt.Errorf("%s is a directory (cp copies single files)", local)
+		}
+		// A regular file is hashed first, so the server writes it only if
+		// every byte arrived as it was read here.
+		if st.Mode().IsRegular() {
+			h := sha256.New()
+			if _, err := io.Copy(h, f); err != nil {
+				return err
+			}
+			if _, err := f.Seek(0, io.SeekStart); err != nil {
+				return err
+			}
+			sum = hex.EncodeToString(h.Sum(nil))
 		}
 		r = f
 		if !dstIsDir {
@@ -113,7 +128,7 @@ func (a *app) upload(ctx context.Context, c *space.Client, local string, dst loc
 	} else if dstIsDir {
 		return errors.New("cannot copy stdin into a directory: name the file")
 	}
-	_, err := c.WriteFileAs(ctx, dst.ID, dst.Path, user, r)
+	_, err := c.WriteFileChecked(ctx, dst.ID, dst.Path, user, sum, r)
 	return err
 }
 

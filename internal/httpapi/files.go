@@ -13,13 +13,21 @@ import (
 
 func pathParam(r *http.Request) string { return r.URL.Query().Get("path") }
 
+// writtenFile is the answer to an upload: the file, and the SHA-256 of
+// the bytes written (what the caller can compare with its own).
+type writtenFile struct {
+	agentproto.FileInfo
+	SHA256 string `json:"sha256"`
+}
+
 func (a *API) writeFile(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
-	fi, err := a.svc.WriteFileAs(r.Context(), c, r.PathValue("id"), pathParam(r), r.URL.Query().Get("user"), r.Body)
+	q := r.URL.Query()
+	fi, sum, err := a.svc.WriteFileChecked(r.Context(), c, r.PathValue("id"), pathParam(r), q.Get("user"), r.Body, q.Get("sha256"))
 	if err != nil {
 		a.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, fi)
+	writeJSON(w, http.StatusOK, writtenFile{FileInfo: fi, SHA256: sum})
 }
 
 func (a *API) readFile(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {

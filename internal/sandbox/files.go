@@ -2,8 +2,13 @@ package sandbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"hash"
 	"io"
 	"path"
+	"regexp"
 	"strings"
 
 	"github.com/spacesandbox/space/internal/agentproto"
@@ -55,38 +60,66 @@ func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Re
 // WriteFileAs is WriteFile owned by user (the sandbox's default user when
 // empty): the file, and the directories it creates.
 func (s *Service) WriteFileAs(ctx context.Context, c Caller, id, p, user string, r io.Reader) (agentproto.FileInfo, error) {
-	if err := validUser(user); err != nil {
-		return agentproto.FileInfo{}, err
-	}
-	if strings.HasSuffix(p, "/") {
-		return agentproto.FileInfo{}, errdefs.InvalidArgument("path: %q ends in '/': name the file to write", p)
-	}
-	p, err := cleanPath(p)
-	if err != nil {
-		return agentproto.FileInfo{}, err
-	}
-	a, err := s.agentFor(ctx, c, id)
-	if err != nil {
-		return agentproto.FileInfo{}, err
-	}
-	br := &bodyReader{r: r}
-	fi, err := a.WriteFile(ctx, p, br, 0, user)
-	if err != nil && br.err != nil {
-		return fi, errdefs.InvalidArgument("request body: %v (the file was not written)", br.err)
-	}
+	fi, _, err := s.WriteFileChecked(ctx, c, id, p, user, r, "")
 	return fi, err
 }
 
+// WriteFileChecked is WriteFileAs that also returns the SHA-256 (hex) of
+// the bytes written and, when want is set, writes nothing unless they
+// have that SHA-256: the agent renames its temporary file into place only
+// at the end of the body, and a mismatch cuts the body short instead of
+// ending it (as a broken connection would).
+func (s *Service) WriteFileChecked(ctx context.Context, c Caller, id, p, user string, r io.Reader, want string) (agentproto.FileInfo, string, error) {
+	if want != "" && !sha256RE.MatchString(want) {
+		return agentproto.FileInfo{}, "", errdefs.InvalidArgument("sha256: 64 hexadecimal digits, the SHA-256 of the body")
+	}
+	if err := validUser(user); err != nil {
+		return agentproto.FileInfo{}, "", err
+	}
+	if strings.HasSuffix(p, "/") {
+		return agentproto.FileInfo{}, "", errdefs.InvalidArgument("path: %q ends in '/': name the file to write", p)
+	}
+	p, err := cleanPath(p)
+	if err != nil {
+		return agentproto.FileInfo{}, "", err
+	}
+	a, err := s.agentFor(ctx, c, id)
+	if err != nil {
+		return agentproto.FileInfo{}, "", err
+	}
+	br := &bodyReader{r: r, h: sha256.New(), want: strings.ToLower(want)}
+	fi, err := a.WriteFile(ctx, p, br, 0, user)
+	if err != nil && br.err != nil {
+		return fi, "", errdefs.InvalidArgument("request body: %v (the file was not written)", br.err)
+	}
+	if err != nil {
+		return fi, "", err
+	}
+	return fi, hex.EncodeToString(br.h.Sum(nil)), nil
+}
+
+var sha256RE = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+
 // bodyReader keeps the error of the caller's body (a connection cut, a body
 // shorter than its Content-Length): the write failed because of it, a 400,
-// whatever the agent call reports (a cancelled request, mostly).
+// whatever the agent call reports (a cancelled request, mostly). It hashes
+// what passes and, when want is set, turns the body's end into an error if
+// the SHA-256 differs, so the agent never sees a complete body.
 type bodyReader struct {
-	r   io.Reader
-	err error
+	r    io.Reader
+	err  error
+	h    hash.Hash
+	want string
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
+	b.h.Write(p[:n])
+	if err == io.EOF && b.want != "" {
+		if got := hex.EncodeToString(b.h.Sum(nil)); got != b.want {
+			err = fmt.Errorf("its SHA-256 is %s, not the %s asked for", got, b.want)
+		}
+	}
 	if err != nil && err != io.EOF {
 		b.err = err
 	}

@@ -2,6 +2,10 @@ package space
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"hash"
 	"io"
 	"net/http"
 	"net/url"
@@ -27,6 +31,8 @@ type FileInfo struct {
 	Owner  string    `json:"owner,omitempty"`
 	MTime  time.Time `json:"mtime"`
 	Target string    `json:"target,omitempty"` // a symlink's target
+	// SHA256 (hex) of the bytes an upload wrote; empty elsewhere.
+	SHA256 string `json:"sha256,omitempty"`
 }
 
 // IsDir reports whether the entry is a directory.
@@ -51,6 +57,16 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader) (*
 // WriteFileAs is WriteFile with the file, and the directories made for it,
 // owned by user (the sandbox's default user when empty).
 func (c *Client) WriteFileAs(ctx context.Context, id, path, user string, r io.Reader) (*FileInfo, error) {
+	return c.WriteFileChecked(ctx, id, path, user, "", r)
+}
+
+// WriteFileChecked is WriteFileAs that, with sha256 (hex) set, writes
+// nothing unless the body has that SHA-256 (the server checks it before
+// the file takes its place; a mismatch is IsInvalidArgument and an earlier
+// file at path is left as it was). Every upload also compares the SHA-256
+// the server reports with the bytes this client sent, and returns an
+// error if they differ.
+func (c *Client) WriteFileChecked(ctx context.Context, id, path, user, sha256 string, r io.Reader) (*FileInfo, error) {
 	if r == nil {
 		r = http.NoBody
 	}
@@ -58,19 +74,40 @@ func (c *Client) WriteFileAs(ctx context.Context, id, path, user string, r io.Re
 	if user != "" {
 		q.Set("user", user)
 	}
+	if sha256 != "" {
+		q.Set("sha256", sha256)
+	}
+	h := newSHA256()
+	var body io.Reader = io.TeeReader(r, h)
+	if n := bodyLength(r); n >= 0 {
+		body = sizedReader{body, n} // still sent with its Content-Length
+	}
 	var fi FileInfo
 	err := c.do(ctx, request{
 		method: http.MethodPut,
 		path:   filesPath(id, ""),
 		query:  q,
-		body:   r,
+		body:   body,
 		ctype:  "application/octet-stream",
 	}, &fi)
 	if err != nil {
 		return nil, err
 	}
+	if sent := hex.EncodeToString(h.Sum(nil)); fi.SHA256 != "" && fi.SHA256 != sent {
+		return &fi, fmt.Errorf("space: %s in sandbox %s has SHA-256 %s, but the bytes sent have %s", path, id, fi.SHA256, sent)
+	}
 	return &fi, nil
 }
+
+func newSHA256() hash.Hash { return sha256.New() }
+
+// sizedReader is a reader whose length was known before it was wrapped.
+type sizedReader struct {
+	io.Reader
+	n int64
+}
+
+func (s sizedReader) Len() int { return int(s.n) }
 
 // ReadFile opens the file at path for reading. The caller must close it. The
 // returned reader streams from the server; errors mid-way surface from Read.
