@@ -52,6 +52,12 @@ func (k *keepAlive) TempDir() string {
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if shared != nil {
+		if code != 0 {
+			// The shared server outlives the test that failed: its log is
+			// the only record of what the sandboxes saw.
+			os.WriteFile("/tmp/space-e2e-shared-server.log", []byte(shared.logText()), 0o644)
+			fmt.Printf("shared server log (full: /tmp/space-e2e-shared-server.log):\n%s\n", tail(shared.logText(), 12000))
+		}
 		shared.t = &quietT{}
 		shared.stop(true)
 		os.RemoveAll(shared.data)
