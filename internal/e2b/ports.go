@@ -18,7 +18,7 @@ import (
 // allowPublicTraffic: true (store.Sandbox.PublicPorts).
 func (h *Handler) servePort(w http.ResponseWriter, r *http.Request, id string, port int) {
 	sb, err := h.svc.Get(r.Context(), sandbox.Caller{Admin: true}, id)
-	if err != nil || (sb.State != sandbox.StateRunning && !(sb.State == sandbox.StatePaused && sb.AutoResume)) {
+	if err != nil || (sb.State != sandbox.StateRunning && !sandbox.Wakeable(sb)) {
 		writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is not running")
 		return
 	}
@@ -26,7 +26,7 @@ func (h *Handler) servePort(w http.ResponseWriter, r *http.Request, id string, p
 		writeJSONError(w, http.StatusUnauthorized, "unauthorized: sandbox ports need the E2B-Traffic-Access-Token header (the create answer's trafficAccessToken) or X-Access-Token")
 		return
 	}
-	if sb.State == sandbox.StatePaused { // autoResume: traffic wakes it
+	if sandbox.Wakeable(sb) { // autoResume: traffic wakes it
 		if err := h.svc.Wake(r.Context(), sandbox.Caller{Team: sb.Team}, id); err != nil {
 			writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" could not be resumed: "+err.Error())
 			return

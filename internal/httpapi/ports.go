@@ -22,7 +22,7 @@ func (a *API) portProxy(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 	// reused without a new dial.
 	sb, err := a.svc.Get(r.Context(), c, id)
 	switch {
-	case err == nil && sb.State == sandbox.StatePaused && sb.AutoResume:
+	case err == nil && sandbox.Wakeable(sb):
 		err = a.svc.Wake(r.Context(), c, id) // before a kept-alive connection is reused
 	case err == nil && sb.State != sandbox.StateRunning:
 		err = errdefs.Newf(errdefs.ErrConflict, "sandbox %s is %s", id, sb.State)

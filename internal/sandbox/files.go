@@ -60,7 +60,7 @@ func (s *Service) WriteFile(ctx context.Context, c Caller, id, p string, r io.Re
 // WriteFileAs is WriteFile owned by user (the sandbox's default user when
 // empty): the file, and the directories it creates.
 func (s *Service) WriteFileAs(ctx context.Context, c Caller, id, p, user string, r io.Reader) (agentproto.FileInfo, error) {
-	fi, _, err := s.WriteFileChecked(ctx, c, id, p, user, r, "")
+	fi, _, err := s.writeFile(ctx, c, id, p, user, r, "", false)
 	return fi, err
 }
 
@@ -70,6 +70,12 @@ func (s *Service) WriteFileAs(ctx context.Context, c Caller, id, p, user string,
 // at the end of the body, and a mismatch cuts the body short instead of
 // ending it (as a broken connection would).
 func (s *Service) WriteFileChecked(ctx context.Context, c Caller, id, p, user string, r io.Reader, want string) (agentproto.FileInfo, string, error) {
+	return s.writeFile(ctx, c, id, p, user, r, want, true)
+}
+
+// writeFile is WriteFileChecked; the body is hashed only when a SHA-256 is
+// wanted back or given.
+func (s *Service) writeFile(ctx context.Context, c Caller, id, p, user string, r io.Reader, want string, sum bool) (agentproto.FileInfo, string, error) {
 	if want != "" && !sha256RE.MatchString(want) {
 		return agentproto.FileInfo{}, "", errdefs.InvalidArgument("sha256: 64 hexadecimal digits, the SHA-256 of the body")
 	}
@@ -87,12 +93,15 @@ func (s *Service) WriteFileChecked(ctx context.Context, c Caller, id, p, user st
 	if err != nil {
 		return agentproto.FileInfo{}, "", err
 	}
-	br := &bodyReader{r: r, h: sha256.New(), want: strings.ToLower(want)}
+	br := &bodyReader{r: r, want: strings.ToLower(want)}
+	if sum || want != "" {
+		br.h = sha256.New()
+	}
 	fi, err := a.WriteFile(ctx, p, br, 0, user)
 	if err != nil && br.err != nil {
 		return fi, "", errdefs.InvalidArgument("request body: %v (the file was not written)", br.err)
 	}
-	if err != nil {
+	if err != nil || br.h == nil {
 		return fi, "", err
 	}
 	return fi, hex.EncodeToString(br.h.Sum(nil)), nil
@@ -108,13 +117,15 @@ var sha256RE = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
 type bodyReader struct {
 	r    io.Reader
 	err  error
-	h    hash.Hash
+	h    hash.Hash // nil: not hashed
 	want string
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
-	b.h.Write(p[:n])
+	if b.h != nil {
+		b.h.Write(p[:n])
+	}
 	if err == io.EOF && b.want != "" {
 		if got := hex.EncodeToString(b.h.Sum(nil)); got != b.want {
 			err = fmt.Errorf("its SHA-256 is %s, not the %s asked for", got, b.want)

@@ -64,7 +64,7 @@ func (s *Service) Resume(ctx context.Context, c Caller, id string) (store.Sandbo
 	defer l.opMu.Unlock()
 	ctx = context.WithoutCancel(ctx)
 	// Another resume may have run while this one waited for the lock:
-	// thawing a running sandbox is an error of the runtime, not a 409.
+	// answer 409 with the state it left, as for a sandbox never paused.
 	if cur, err := s.store.GetSandbox(ctx, id); err == nil && cur.State != StatePaused {
 		return cur, stateConflict(cur.State, "sandbox %s is %s", id, cur.State)
 	}

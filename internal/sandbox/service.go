@@ -260,6 +260,10 @@ func (s *Service) liveOf(ctx context.Context, c Caller, id string, states ...str
 	return sb, l, nil
 }
 
+// Wakeable reports whether a request into sb resumes it: it is paused and
+// was created with auto_resume.
+func Wakeable(sb store.Sandbox) bool { return sb.State == StatePaused && sb.AutoResume }
+
 // Wake resumes a paused sandbox created with auto_resume (a request for
 // it arrived) and returns when it runs; for any other sandbox it only
 // checks that it runs.
@@ -274,10 +278,10 @@ func (s *Service) Wake(ctx context.Context, c Caller, id string) error {
 // (pause, snapshot, fork, metrics) still see it paused.
 func (s *Service) liveRunning(ctx context.Context, c Caller, id string) (store.Sandbox, *live, error) {
 	sb, l, err := s.liveOf(ctx, c, id, StateRunning)
-	var ce *ConflictError
-	if err == nil || !sb.AutoResume || !errors.As(err, &ce) || ce.State != StatePaused {
+	if err == nil || !Wakeable(sb) {
 		return sb, l, err
 	}
+	var ce *ConflictError
 	if _, err := s.Resume(ctx, c, id); err == nil {
 		s.log.Info("sandbox woken by a request (auto_resume)", "sandbox", id)
 	} else if !errors.As(err, &ce) || ce.State != StateRunning { // running: another request woke it first

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"hash"
 	"io"
 	"net/http"
 	"net/url"
@@ -60,13 +59,13 @@ func (c *Client) WriteFileAs(ctx context.Context, id, path, user string, r io.Re
 	return c.WriteFileChecked(ctx, id, path, user, "", r)
 }
 
-// WriteFileChecked is WriteFileAs that, with sha256 (hex) set, writes
+// WriteFileChecked is WriteFileAs that, with wantSHA256 (hex) set, writes
 // nothing unless the body has that SHA-256 (the server checks it before
 // the file takes its place; a mismatch is IsInvalidArgument and an earlier
 // file at path is left as it was). Every upload also compares the SHA-256
 // the server reports with the bytes this client sent, and returns an
 // error if they differ.
-func (c *Client) WriteFileChecked(ctx context.Context, id, path, user, sha256 string, r io.Reader) (*FileInfo, error) {
+func (c *Client) WriteFileChecked(ctx context.Context, id, path, user, wantSHA256 string, r io.Reader) (*FileInfo, error) {
 	if r == nil {
 		r = http.NoBody
 	}
@@ -74,10 +73,10 @@ func (c *Client) WriteFileChecked(ctx context.Context, id, path, user, sha256 st
 	if user != "" {
 		q.Set("user", user)
 	}
-	if sha256 != "" {
-		q.Set("sha256", sha256)
+	if wantSHA256 != "" {
+		q.Set("sha256", wantSHA256)
 	}
-	h := newSHA256()
+	h := sha256.New()
 	var body io.Reader = io.TeeReader(r, h)
 	if n := bodyLength(r); n >= 0 {
 		body = sizedReader{body, n} // still sent with its Content-Length
@@ -98,8 +97,6 @@ func (c *Client) WriteFileChecked(ctx context.Context, id, path, user, sha256 st
 	}
 	return &fi, nil
 }
-
-func newSHA256() hash.Hash { return sha256.New() }
 
 // sizedReader is a reader whose length was known before it was wrapped.
 type sizedReader struct {
