@@ -115,7 +115,9 @@ func (s *server) sharedSandbox(t *testing.T, drv string) string {
 			return sharedVM
 		}
 	}
-	sharedVM = s.create(map[string]any{"driver": drv, "memory_mb": vmMemoryMB, "env": sharedVMEnv})
+	// It lives as long as the suite needs it (releaseSharedVM ends it):
+	// with the default 300 s timeout a slow run saw it stopped mid-test.
+	sharedVM = s.create(map[string]any{"driver": drv, "memory_mb": vmMemoryMB, "env": sharedVMEnv, "timeout_s": 3600})
 	return sharedVM
 }
 
