@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -260,6 +261,62 @@ func testExecJSONAndShell(t *testing.T, drv string) {
 	// ls -l needs a working statx (broken in Debian's old runsc).
 	if r := s.sh(id, "ls -l / >/dev/null && echo ok"); r.Stdout != "ok\n" {
 		t.Errorf("ls -l: %+v", r)
+	}
+}
+
+// A process holds its three standard descriptors and nothing else of the
+// agent's: no pipe of another process, not the /dev/null the agent keeps
+// open for every stdin, no connection to the host.
+func TestProcessDescriptors(t *testing.T) { forEachDriver(t, testProcessDescriptors) }
+
+func testProcessDescriptors(t *testing.T, drv string) {
+	s := sharedServer(t)
+	id := s.sharedSandbox(t, drv)
+	var other, bg, in struct{ PID int }
+	for _, p := range []struct {
+		req map[string]any
+		out *struct{ PID int }
+	}{
+		{map[string]any{"cmd": []string{"cat"}, "background": true, "open_stdin": true}, &other},
+		{map[string]any{"cmd": []string{"sleep", "60"}, "background": true}, &bg},
+		{map[string]any{"cmd": []string{"sleep", "60"}, "background": true, "open_stdin": true}, &in},
+	} {
+		if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, p.req, p.out); code != 202 || p.out.PID <= 0 {
+			t.Fatalf("background exec %v: %d", p.req["cmd"], code)
+		}
+		defer s.do("POST", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/signal", id, p.out.PID), s.key, map[string]string{"signal": "SIGKILL"}, nil)
+	}
+	fds := func(pid int) []string {
+		r := s.sh(id, fmt.Sprintf(`cd /proc/%d/fd && for f in *; do echo "$f $(readlink $f)"; done`, pid))
+		if r.ExitCode != 0 {
+			t.Fatalf("list descriptors of %d: %+v", pid, r)
+		}
+		return strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	}
+	pipe := regexp.MustCompile(`^pipe:\[\d+\]$`)
+	for _, c := range []struct {
+		pid   int
+		stdin string
+	}{{bg.PID, "/dev/null"}, {in.PID, "pipe"}} {
+		got := fds(c.pid)
+		if len(got) != 3 {
+			t.Errorf("process %d holds %d descriptors, want 3: %q", c.pid, len(got), got)
+			continue
+		}
+		var targets []string
+		for i, line := range got {
+			n, target, _ := strings.Cut(line, " ")
+			if n != strconv.Itoa(i) {
+				t.Errorf("process %d: descriptor %q, want %d", c.pid, line, i)
+			}
+			targets = append(targets, target)
+		}
+		if c.stdin == "/dev/null" && targets[0] != "/dev/null" || c.stdin == "pipe" && !pipe.MatchString(targets[0]) {
+			t.Errorf("process %d: stdin is %q, want %s", c.pid, targets[0], c.stdin)
+		}
+		if !pipe.MatchString(targets[1]) || !pipe.MatchString(targets[2]) || targets[1] == targets[2] || targets[1] == targets[0] {
+			t.Errorf("process %d: stdout %q, stderr %q: want two pipes of its own", c.pid, targets[1], targets[2])
+		}
 	}
 }
 

@@ -14,11 +14,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
 )
 
 // Options configure an Agent. The zero value is the production setup.
@@ -74,6 +76,10 @@ type Agent struct {
 	reaper  *reaper
 	handler http.Handler
 	cpu     cpuMeter
+	// null is /dev/null opened once (close-on-exec), every process's
+	// stdin unless it asks for one; nullErr if it could not be opened.
+	null    int
+	nullErr error
 
 	mu        sync.Mutex
 	sess      *yamux.Session // the current host session (nil between sessions)
@@ -115,9 +121,12 @@ func New(opts Options) *Agent {
 		procs:  map[int]*process{},
 		cpu:    cpuMeter{read: readCPUTimes, sleep: time.Sleep},
 	}
+	a.null, a.nullErr = unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	a.handler = a.routes()
 	return a
 }
+
+func (a *Agent) devNull() (int, error) { return a.null, a.nullErr }
 
 // Handler returns the agent's HTTP handler.
 func (a *Agent) Handler() http.Handler { return a.handler }
@@ -142,6 +151,9 @@ func (a *Agent) Close() error {
 		time.Sleep(5 * time.Millisecond)
 	}
 	a.reaper.close()
+	if a.nullErr == nil {
+		unix.Close(a.null)
+	}
 	return nil
 }
 

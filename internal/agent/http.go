@@ -102,14 +102,6 @@ func osError(err error) error {
 	return errdefs.Newf(classOf(err), "%v", err)
 }
 
-func unwrapPathErr(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}
-
 func (a *Agent) handleInfo(w http.ResponseWriter, r *http.Request) {
 	var uts unix.Utsname
 	_ = unix.Uname(&uts)
@@ -273,10 +265,12 @@ func (a *Agent) writeEvents(w http.ResponseWriter, r *http.Request, p *process, 
 		}
 		clear(batch) // drop Data references before waiting
 		buf = batch[:0]
-		if err := rc.Flush(); err != nil {
+		if last {
+			// No flush: the server writes what is buffered together with
+			// the end of the response, one write instead of two.
 			return
 		}
-		if last {
+		if err := rc.Flush(); err != nil {
 			return
 		}
 	}

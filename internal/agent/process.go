@@ -115,13 +115,17 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 		sub = p.log.subscribe(1)
 	}
 	var (
-		files     [3]*os.File
-		childEnds []*os.File // closed in the agent after the fork
+		fds       [3]int // the child's stdin, stdout and stderr
+		childEnds []int  // raw descriptors closed in the agent after the fork
+		tty       *os.File
 		readers   []*os.File // output read ends
 		kinds     []string
 		fail      = func() {
-			for _, f := range childEnds {
-				f.Close()
+			for _, fd := range childEnds {
+				unix.Close(fd)
+			}
+			if tty != nil {
+				tty.Close()
 			}
 			for _, f := range readers {
 				f.Close()
@@ -133,63 +137,66 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 	)
 	sys := &syscall.SysProcAttr{Credential: acct.credential()}
 	if req.PTY != nil {
-		master, tty, err := openPTY()
+		master, t, err := openPTY()
 		if err != nil {
 			return nil, nil, errdefs.Newf(classOf(err), "open pty: %v", err)
 		}
 		_ = setWinsize(master, req.PTY.Rows, req.PTY.Cols)
-		p.pty, p.stdin = master, master
-		files = [3]*os.File{tty, tty, tty}
-		childEnds = append(childEnds, tty)
+		p.pty, p.stdin, tty = master, master, t
+		fd := int(tty.Fd())
+		fds = [3]int{fd, fd, fd}
 		readers, kinds = append(readers, master), append(kinds, agentproto.EventStdout)
 		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
 	} else {
 		sys.Setpgid = true
-		for _, kind := range []string{agentproto.EventStdout, agentproto.EventStderr} {
-			r, w, err := os.Pipe()
+		for i, kind := range []string{agentproto.EventStdout, agentproto.EventStderr} {
+			r, w, err := pipe(0, pipeSize)
 			if err != nil {
 				fail()
 				return nil, nil, errdefs.Newf(errdefs.ErrInternal, "pipe: %v", err)
 			}
-			growPipe(r)
 			readers, kinds, childEnds = append(readers, r), append(kinds, kind), append(childEnds, w)
+			fds[1+i] = w
 		}
-		files[1], files[2] = childEnds[0], childEnds[1]
 		if req.Stdin || len(req.StdinData) > 0 {
-			r, w, err := os.Pipe()
+			w, r, err := pipe(1, 0)
 			if err != nil {
 				fail()
 				return nil, nil, errdefs.Newf(errdefs.ErrInternal, "pipe: %v", err)
 			}
-			files[0], p.stdin = r, w
+			fds[0], p.stdin = r, w
 			childEnds = append(childEnds, r)
 		} else {
-			null, err := os.Open(os.DevNull)
+			null, err := a.devNull()
 			if err != nil {
 				fail()
 				return nil, nil, errdefs.Newf(errdefs.ErrInternal, "open %s: %v", os.DevNull, err)
 			}
-			files[0] = null
-			childEnds = append(childEnds, null)
+			fds[0] = null
 		}
 	}
 
-	var osProc *os.Process
+	// syscall.StartProcess, not os.StartProcess: the child's descriptors
+	// stay raw (an *os.File is registered with the poller and switched to
+	// blocking mode for the fork, system calls that cost tens of
+	// microseconds each in gVisor) and no pidfd is made; the reaper waits.
 	pid, exited, err := a.reaper.start(func() (int, error) {
-		pr, err := os.StartProcess(path, argv, &os.ProcAttr{Dir: cwd, Env: env, Files: files[:], Sys: sys})
-		if err != nil {
-			return 0, err
-		}
-		osProc = pr
-		return pr.Pid, nil
+		pid, _, err := syscall.StartProcess(path, argv, &syscall.ProcAttr{
+			Dir: cwd, Env: env, Files: []uintptr{uintptr(fds[0]), uintptr(fds[1]), uintptr(fds[2])}, Sys: sys,
+		})
+		return pid, err
 	})
-	for _, f := range childEnds {
-		f.Close()
+	for _, fd := range childEnds {
+		unix.Close(fd)
 	}
 	childEnds = nil
+	if tty != nil {
+		tty.Close()
+		tty = nil
+	}
 	if err != nil {
 		fail()
-		msg := fmt.Sprintf("start %s: %v", argv[0], unwrapPathErr(err))
+		msg := fmt.Sprintf("start %s: %v", argv[0], err)
 		if errors.Is(err, unix.EAGAIN) {
 			msg += " (the sandbox runs as many processes and threads as its user may: " +
 				"its memory sets the limit; retry when some have ended)"
@@ -233,7 +240,6 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 		if timer != nil {
 			timer.Stop()
 		}
-		_ = osProc.Release()
 		grace := time.Now().Add(exitGrace)
 		for _, r := range readers {
 			_ = r.SetReadDeadline(grace)
@@ -276,14 +282,27 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 	return p, sub, nil
 }
 
-// growPipe raises a pipe's capacity to pipeSize, best effort (a
-// pipe-max-size limit or an old kernel leaves the default).
-func growPipe(f *os.File) {
-	if rc, err := f.SyscallConn(); err == nil {
-		_ = rc.Control(func(fd uintptr) {
-			_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize)
-		})
+// pipe makes a pipe for a child's stdio: the agent's end (the read end
+// with mine 0, the write end with mine 1) non-blocking, in the poller, as
+// an *os.File; the child's end a raw blocking descriptor. Both are
+// close-on-exec, so other children never inherit them. A size > 0 asks
+// for that capacity, best effort (a pipe-max-size limit or an old kernel
+// leaves the default).
+func pipe(mine, size int) (agentEnd *os.File, childEnd int, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, -1, err
 	}
+	if size > 0 {
+		_, _ = unix.FcntlInt(uintptr(p[0]), unix.F_SETPIPE_SZ, size)
+	}
+	// A pipe has no other status flags to keep.
+	if _, err := unix.FcntlInt(uintptr(p[mine]), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return nil, -1, err
+	}
+	return os.NewFile(uintptr(p[mine]), "|"+strconv.Itoa(mine)), p[1-mine], nil
 }
 
 // pump copies one output stream into the log, one event per read, each
