@@ -126,7 +126,7 @@ type ProcessExit struct {
 // sandbox is gone (a start) or whose process is unknown (an exit) are
 // skipped: the batch is a log, and one stale entry must not lose the rest.
 func (s *Store) ApplyProcessOps(ctx context.Context, ops []ProcessOp) error {
-	return s.inTx(ctx, func(tx *sql.Tx) error {
+	return s.inTx(ctx, func(tx tx) error {
 		for _, op := range ops {
 			switch {
 			case op.Start != nil:

@@ -209,7 +209,8 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, 
 	q += " ORDER BY created_at, id LIMIT ?"
 	args = append(args, limit+1) // one more tells whether there is a next page
 
-	rows, err := s.r.QueryContext(ctx, q, args...)
+	// Built from the filter: unprepared, never cached.
+	rows, err := s.r.DB.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list sandboxes: %w", err)
 	}
@@ -244,7 +245,7 @@ func (s *Store) UpdateSandboxState(ctx context.Context, id string, fromStates []
 	if to == "" {
 		return errdefs.InvalidArgument("empty target state")
 	}
-	return s.inTx(ctx, func(tx *sql.Tx) error {
+	return s.inTx(ctx, func(tx tx) error {
 		var cur string
 		err := tx.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE id = ?`, id).Scan(&cur)
 		if errors.Is(err, sql.ErrNoRows) {

@@ -132,7 +132,7 @@ func (s *Store) listSnapshots(ctx context.Context, col, value, status string) ([
 // get its parent instead, so a timeline never names a deleted snapshot.
 // Errors: errdefs.ErrNotFound.
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
-	return s.inTx(ctx, func(tx *sql.Tx) error {
+	return s.inTx(ctx, func(tx tx) error {
 		if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET parent = (SELECT parent FROM snapshots WHERE id = ?)
 			WHERE parent = ? AND EXISTS (SELECT 1 FROM snapshots WHERE id = ?)`, id, id, id); err != nil {
 			return fmt.Errorf("store: delete snapshot: %w", err)

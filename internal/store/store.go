@@ -34,8 +34,8 @@ import (
 
 // Store is a handle on the database. It is safe for concurrent use.
 type Store struct {
-	w *sql.DB // the one writer connection
-	r *sql.DB // readers (WAL lets them run beside the writer)
+	w *db // the one writer connection
+	r *db // readers (WAL lets them run beside the writer)
 }
 
 // busyTimeout bounds how long a connection waits for a lock held by another
@@ -78,7 +78,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	}
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(4)
-	return &Store{w: w, r: r}, nil
+	return &Store{w: newDB(w), r: newDB(r)}, nil
 }
 
 // Close closes the database.
@@ -97,17 +97,25 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 }
 
 // inTx runs fn in a write transaction (BEGIN IMMEDIATE on the writer),
-// committing if fn returns nil.
-func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := s.w.BeginTx(ctx, nil)
+// committing if fn returns nil. Statements fn ran unprepared (the first
+// time each is seen) are prepared for next time once the writer's
+// connection is free again.
+func (s *Store) inTx(ctx context.Context, fn func(t tx) error) error {
+	var uncached []string
+	defer func() {
+		for _, q := range uncached {
+			s.w.stmt(ctx, q)
+		}
+	}()
+	t, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("store: begin: %w", err)
 	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
+	if err := fn(tx{Tx: t, d: s.w, uncached: &uncached}); err != nil {
+		t.Rollback()
 		return err
 	}
-	if err := tx.Commit(); err != nil {
+	if err := t.Commit(); err != nil {
 		return fmt.Errorf("store: commit: %w", err)
 	}
 	return nil
