@@ -34,6 +34,13 @@ func newProcLog(st *store.Store, log *slog.Logger) *procLog {
 // backlog itself (back-pressure instead of unbounded growth).
 const maxProcLogBacklog = 4096
 
+// procLogGather is how long the writer waits after the first op of a
+// batch for more: one transaction (begin, statements, commit) costs the
+// server ~0.2 ms of CPU (pprof), so one per batch instead of two per exec (its
+// start and its exit) matters on a small host. The records are a history
+// that no request reads back, so they can be this late.
+const procLogGather = 20 * time.Millisecond
+
 func (l *procLog) add(op store.ProcessOp) {
 	l.mu.Lock()
 	if l.closed {
@@ -61,8 +68,12 @@ func (l *procLog) run() {
 	defer close(l.done)
 	for {
 		<-l.wake
-		// A short pause gathers the ops of a burst into one transaction.
-		time.Sleep(2 * time.Millisecond)
+		l.mu.Lock()
+		closing := l.closed
+		l.mu.Unlock()
+		if !closing {
+			time.Sleep(procLogGather)
+		}
 		l.mu.Lock()
 		ops, closed := l.ops, l.closed
 		l.ops = nil
