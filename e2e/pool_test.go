@@ -88,6 +88,19 @@ func TestWarmPool(t *testing.T) {
 	if a.Metadata["who"] != "alpha" || a.ExpiresAt.Sub(a.CreatedAt) != 120*time.Second || a.State != "running" {
 		t.Errorf("claimed record: %+v", a)
 	}
+	// Its memory watch was registered while it waited in the pool (not
+	// at the claim): a process past the sandbox's memory is killed, not
+	// the sandbox.
+	if !strings.Contains(s.logText(), `sandbox created from the warm pool" sandbox=`+a.ID) {
+		t.Fatalf("%s was not served from the pool", a.ID)
+	}
+	var oom execResult
+	if code := s.do("POST", "/v1/sandboxes/"+a.ID+"/exec", s.key, map[string]any{"cmd": []string{"python3", "-c", "b'x' * (1 << 30)"}}, &oom); code != 200 || oom.ExitCode != 137 || oom.Error != "oom" {
+		t.Fatalf("allocating past a claimed sandbox's memory: %d %+v, want killed with error oom", code, oom)
+	}
+	if r := s.sh(a.ID, "echo alive"); r.Stdout != "alive\n" {
+		t.Fatalf("claimed sandbox after the oom kill: %+v", r)
+	}
 	s.put(a.ID, "/home/user/alpha-secret.txt", strings.NewReader("alpha's data"))
 	s.do("DELETE", "/v1/sandboxes/"+a.ID, s.key, nil, nil)
 

@@ -323,23 +323,27 @@ func (s *Service) goLive(ctx context.Context, id string, inst driver.Instance, a
 		s.mu.Unlock()
 		return err
 	}
-	s.watch(id, l)
+	s.watch(id, l, nil)
 	return nil
 }
 
 // watch marks the sandbox stopped when its instance ends on its own (the
 // agent exited, the sandbox was OOM-killed, someone killed runsc), and,
 // where the driver needs it, frees memory when the sandbox reaches its
-// memory (see driver.MemoryWatcher).
-func (s *Service) watch(id string, l *live) {
+// memory (see driver.MemoryWatcher). memWatch, when not nil, ends a memory
+// watch registered before (a warm sandbox's: see prewatch); watch then
+// registers none and ends that one when the instance ends.
+func (s *Service) watch(id string, l *live, memWatch context.CancelFunc) {
 	go func() {
 		// Registered here, off the create path: a cgroup v1 threshold
 		// registration waits for an RCU grace period (milliseconds; it
 		// doubled the warm create's p50 when done before answering).
-		if mw, ok := l.inst.(driver.MemoryWatcher); ok {
+		if memWatch != nil {
+			defer memWatch()
+		} else if mw, ok := l.inst.(driver.MemoryWatcher); ok {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			if err := mw.WatchMemory(ctx, func() { s.reclaimMemory(id, l) }); err != nil {
+			if err := mw.WatchMemory(ctx, func() { s.reclaimMemory(id, l.agent) }); err != nil {
 				s.mu.Lock()
 				gone := s.live[id] != l
 				s.mu.Unlock()
@@ -368,10 +372,10 @@ func (s *Service) watch(id string, l *live) {
 // reclaimMemory runs when a sandbox's memory use reached its memory: the
 // agent kills the process using the most (its exit reports error "oom"),
 // so the sandbox lives on where the host would have stopped all of it.
-func (s *Service) reclaimMemory(id string, l *live) {
+func (s *Service) reclaimMemory(id string, agent *agentclient.Client) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	v, err := l.agent.Reclaim(ctx)
+	v, err := agent.Reclaim(ctx)
 	switch {
 	case err != nil:
 		s.log.Warn("sandbox at its memory limit; the agent could not free memory", "sandbox", id, "err", err)

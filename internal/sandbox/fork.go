@@ -247,7 +247,7 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 		s.mu.Unlock()
 		return fail(err)
 	}
-	s.watch(sb.ID, l)
+	s.watch(sb.ID, l, nil)
 	log.Info("sandbox restored", "from", parent.ID, "ms", s.now().Sub(start).Milliseconds())
 	return s.store.GetSandbox(ctx, sb.ID)
 }

@@ -256,7 +256,7 @@ func (s *Service) Recover(ctx context.Context) error {
 		s.mu.Lock()
 		s.live[sb.ID] = l
 		s.mu.Unlock()
-		s.watch(sb.ID, l)
+		s.watch(sb.ID, l, nil)
 		log.Info("sandbox re-attached", "state", sb.State)
 	}
 	return nil
