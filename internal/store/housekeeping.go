@@ -78,7 +78,9 @@ func (s *Store) ClaimSandboxWithin(ctx context.Context, sb Sandbox, q Quota) err
 		query += ` AND ` + withinSQL
 		args = append(args, withinArgs(sb.Team, SizeOf(sb), q)...)
 	}
-	res, err := s.w.ExecContext(ctx, query, args...)
+	// Claims come in bursts (a burst of warm creates): they share
+	// transactions.
+	res, err := s.grouped.exec(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("store: claim sandbox: %w", err)
 	}

@@ -36,6 +36,9 @@ import (
 type Store struct {
 	w *db // the one writer connection
 	r *db // readers (WAL lets them run beside the writer)
+	// grouped commits writes that arrive together in one transaction
+	// (claims: see group).
+	grouped group
 }
 
 // busyTimeout bounds how long a connection waits for a lock held by another
@@ -78,7 +81,9 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	}
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(4)
-	return &Store{w: newDB(w), r: newDB(r)}, nil
+	st := &Store{w: newDB(w), r: newDB(r)}
+	st.grouped.s = st
+	return st, nil
 }
 
 // Close closes the database.
