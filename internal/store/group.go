@@ -46,9 +46,10 @@ type groupWrite struct {
 }
 
 // exec runs query as part of the next group commit and returns its result
-// once that transaction committed (or its statement failed). ctx bounds
-// only the wait: a statement in a transaction runs to its end.
-func (g *group) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+// once that transaction committed (or its statement failed). Once queued a
+// write is not given up: returning early on a cancelled caller could
+// report as failed a claim that then commits.
+func (g *group) exec(query string, args ...any) (sql.Result, error) {
 	w := &groupWrite{query: query, args: args, done: make(chan struct{})}
 	g.mu.Lock()
 	g.queue = append(g.queue, w)
@@ -56,7 +57,7 @@ func (g *group) exec(ctx context.Context, query string, args ...any) (sql.Result
 	g.running = true
 	g.mu.Unlock()
 	if start {
-		go g.run(context.WithoutCancel(ctx))
+		go g.run(context.Background())
 	}
 	<-w.done
 	return w.res, w.err

@@ -17,11 +17,7 @@ import (
 func TestGroupedClaims(t *testing.T) {
 	ctx := t.Context()
 	s := openTest(t, "")
-	for i := range 40 {
-		if err := s.CreateSandbox(ctx, newSandbox(fmt.Sprint("pool", i), "-pool", "pooled")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createPooled(t, s, 40)
 	q := Quota{MaxSandboxes: 30}
 	var ok, quota, taken atomic.Int32
 	var wg sync.WaitGroup
@@ -57,11 +53,7 @@ func TestGroupedClaims(t *testing.T) {
 func TestGroupedFailure(t *testing.T) {
 	ctx := t.Context()
 	s := openTest(t, "")
-	for i := range 4 {
-		if err := s.CreateSandbox(ctx, newSandbox(fmt.Sprint("pool", i), "-pool", "pooled")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createPooled(t, s, 4)
 	// Hold the writer's one connection: the first claim's transaction
 	// waits for it, and the next writes queue up behind it as one group.
 	hold, err := s.w.DB.Conn(ctx)
@@ -93,7 +85,7 @@ func TestGroupedFailure(t *testing.T) {
 	queued(0) // taken by the first transaction, which waits for the connection
 	claim(1, 1)
 	queued(1)
-	wg.Go(func() { _, errs[2] = s.grouped.exec(ctx, `UPDATE no_such_table SET x = 1`) })
+	wg.Go(func() { _, errs[2] = s.grouped.exec(`UPDATE no_such_table SET x = 1`) })
 	queued(2)
 	claim(2, 3)
 	queued(3)
@@ -117,5 +109,15 @@ func TestGroupedFailure(t *testing.T) {
 	// The first claim alone, the group that failed, the group again.
 	if n := s.grouped.commits.Load(); n != 3 {
 		t.Errorf("%d transactions, want 3", n)
+	}
+}
+
+// createPooled records n pooled sandboxes, pool0 to pool<n-1>.
+func createPooled(t *testing.T, s *Store, n int) {
+	t.Helper()
+	for i := range n {
+		if err := s.CreateSandbox(t.Context(), newSandbox(fmt.Sprint("pool", i), "-pool", "pooled")); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -80,7 +80,7 @@ func (s *Store) ClaimSandboxWithin(ctx context.Context, sb Sandbox, q Quota) err
 	}
 	// Claims come in bursts (a burst of warm creates): they share
 	// transactions.
-	res, err := s.grouped.exec(ctx, query, args...)
+	res, err := s.grouped.exec(query, args...)
 	if err != nil {
 		return fmt.Errorf("store: claim sandbox: %w", err)
 	}

@@ -133,11 +133,7 @@ func TestQuotaCPU(t *testing.T) {
 func TestQuotaRace(t *testing.T) {
 	ctx := t.Context()
 	s := openTest(t, "")
-	for i := range 10 {
-		if err := s.CreateSandbox(ctx, newSandbox(fmt.Sprint("pool", i), "-pool", "pooled")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createPooled(t, s, 10)
 	q := Quota{MaxSandboxes: 7}
 	var ok, refused atomic.Int32
 	var wg sync.WaitGroup
