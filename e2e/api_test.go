@@ -483,21 +483,14 @@ func TestOOMKillsProcessNotSandbox(t *testing.T) {
 	if r := s.sh(id, "grep MemTotal /proc/meminfo"); !strings.Contains(r.Stdout, " 262144 kB") {
 		t.Fatalf("the sandbox should see its own memory, not the host's headroom: %q", r.Stdout)
 	}
-	for i, alloc := range []string{
+	// Back to back: each allocation starts a few ms after the previous
+	// one's kill, while gVisor still holds the killed process's memory
+	// (the memory watch follows that release; see memGuard).
+	for _, alloc := range []string{
 		"b'x' * (400 << 20)",                         // one fast allocation
 		"x = [b'y' * (64 << 20) for i in range(10)]", // in steps
 		"b'x' * (1 << 30)",                           // far past the host's limit too
 	} {
-		if i > 0 {
-			// Known gap, not tested here: after a kill the memory watch
-			// looks again only 250 ms later (so the killed process's
-			// memory, which gVisor frees late, is not taken for a new
-			// one's), and an allocation started within that window can
-			// reach the host's limit unseen (the sandbox stops). Started
-			// 7 ms after the kill, this test failed 1 run in 3 here. See
-			// the memory limit in docs/ARCHITECTURE.md.
-			time.Sleep(400 * time.Millisecond)
-		}
 		var r execResult
 		if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": []string{"python3", "-c", alloc}}, &r); code != 200 {
 			t.Fatalf("%s: exec %d", alloc, code)

@@ -67,13 +67,17 @@ func MemoryUsage(id string) (int64, error) {
 // whenever the sandbox's working set (its memory use less the page cache
 // of files, which the kernel reclaims at the limit: writing a large file
 // must not count) is at threshold bytes or above, until ctx ends or the
-// cgroup is removed. On cgroup v1 the kernel signals an eventfd when the
-// usage crosses the threshold (memory thresholds of cgroup.event_control);
-// only while the usage is above it is the working set checked every 50 ms
-// (page cache can hold the usage up while a process grows), 250 ms after
-// a call to fn, so that the memory it freed shows. The eventfd waits in
-// Go's poller, not on a thread. On cgroup v2 it returns ErrNoMemoryWatch.
-func WatchMemory(ctx context.Context, id string, threshold int64, fn func(workingSet int64)) error {
+// cgroup is removed. fn frees memory (kills a process) and returns how much
+// it expects to free: the memory of what it killed, 0 when it freed nothing.
+//
+// On cgroup v1 the kernel signals an eventfd when the usage crosses the
+// threshold (memory thresholds of cgroup.event_control). Only while the
+// usage is above it (page cache can hold the usage up while a process
+// grows) or while a kill's memory is being released is the working set
+// read, as often as the room left under the cgroup's hard limit needs (see
+// memGuard). The eventfd waits in Go's poller, not on a thread. On cgroup
+// v2 it returns ErrNoMemoryWatch.
+func WatchMemory(ctx context.Context, id string, threshold int64, fn func(workingSet int64) (freed int64)) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
@@ -101,37 +105,134 @@ func WatchMemory(ctx context.Context, id string, threshold int64, fn func(workin
 		defer ev.Close()
 		stop := context.AfterFunc(ctx, func() { _ = ev.SetReadDeadline(time.Unix(1, 0)) })
 		defer stop()
+		g := memGuard{threshold: threshold}
 		buf := make([]byte, 8)
 		for {
-			// Above the threshold already (at registration, or after the
-			// eventfd fired): watch the working set until the usage drops.
-			for {
-				u, err := readInt(filepath.Join(d, "memory.usage_in_bytes"))
-				if err != nil {
-					return // removed
-				}
-				if u < threshold {
-					break // wait for the next crossing
-				}
-				wait := 50 * time.Millisecond
-				if ws := workingSet(d, u); ws >= threshold {
-					fn(ws)
-					wait = 250 * time.Millisecond
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(wait):
-				}
+			u, err := readInt(filepath.Join(d, "memory.usage_in_bytes"))
+			if err != nil {
+				return // removed
 			}
-			// Signalled on every crossing, down as well as up, and when
-			// the cgroup is removed.
-			if _, err := ev.Read(buf); err != nil {
-				return // ctx ended
+			ws, limit := u, int64(0) // read only where they matter
+			if g.releasing || u >= threshold {
+				ws = workingSet(d, u)
+				limit, _ = readInt(filepath.Join(d, "memory.limit_in_bytes"))
+			}
+			free, wait := g.look(time.Now(), u, ws, limit)
+			if free {
+				wait = g.freed(time.Now(), ws, fn(ws), limit)
+			}
+			if wait == 0 {
+				// Signalled on every crossing, down as well as up, and
+				// when the cgroup is removed.
+				if _, err := ev.Read(buf); err != nil {
+					return // ctx ended
+				}
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
 			}
 		}
 	}()
 	return nil
+}
+
+// How memGuard paces its looks.
+const (
+	// fastestGrowth is the allocation rate the looks are paced for: the
+	// next look comes before a process growing this fast could use the
+	// room left under the hard limit. A 400 MiB allocation in gVisor here
+	// grew by 64 MiB in under 50 ms (1.3 GB/s); the pace allows for 6x
+	// that, as the kill itself takes a few ms more.
+	fastestGrowth = 8 << 30 // bytes per second
+	pollMin       = 2 * time.Millisecond
+	pollMax       = 50 * time.Millisecond
+	// releaseTimeout bounds how long a kill's release is followed: gVisor
+	// released a killed process's memory 20-40 ms after the kill here.
+	// While it is followed, a process that outgrew its memory lives on
+	// until the release is seen done (its memory can fill what the killed
+	// one freed, so it may never be) or this has passed.
+	releaseTimeout = 250 * time.Millisecond
+	// pollNothing is the wait after a call that freed nothing.
+	pollNothing = 250 * time.Millisecond
+)
+
+// memGuard decides from successive looks at a sandbox's memory when to
+// free memory and when to look next.
+//
+// Above the threshold the working set is read as often as the room left
+// under the hard limit needs (pollFor): a fixed 50 ms let a fast
+// allocation that was 3 MiB short of the threshold at one look reach the
+// host's limit, 64 MiB further, by the next (the whole sandbox stops).
+//
+// The subtle part is the time after a kill: gVisor releases a killed
+// process's memory to the host tens of milliseconds late, so for a while
+// the working set still counts it. Killing again because of that took an
+// innocent process; not looking at all for a while (250 ms) let a new
+// allocation run into the host's limit unseen. So after a kill the guard
+// keeps looking and kills again only when the working set grows halfway
+// from its level at the kill to the hard limit: something allocates
+// faster than the release frees. The release counts as done once half the
+// killed process's memory is gone, or after 250 ms; then the threshold
+// rules again.
+type memGuard struct {
+	threshold int64
+
+	releasing bool
+	released  int64     // the release is done at or below this working set
+	again     int64     // while releasing, kill again at or above this
+	until     time.Time // the release is not waited for after this
+}
+
+// look takes the usage, working set and hard limit (0 or less: unknown)
+// now and says whether to free memory, or else how long to wait before the
+// next look (0: until the kernel signals a crossing of the threshold).
+func (g *memGuard) look(now time.Time, usage, ws, limit int64) (free bool, wait time.Duration) {
+	if g.releasing {
+		if ws > g.released && now.Before(g.until) {
+			return ws >= g.again, pollFor(ws, limit)
+		}
+		g.releasing = false
+	}
+	switch {
+	case usage < g.threshold:
+		return false, 0
+	case ws >= g.threshold:
+		return true, 0
+	default:
+		return false, pollFor(ws, limit)
+	}
+}
+
+// freed records a call to free memory at working set ws that expects to
+// free freed bytes, and returns the wait before the next look.
+func (g *memGuard) freed(now time.Time, ws, freed, limit int64) time.Duration {
+	if freed <= 0 {
+		g.releasing = false
+		return pollNothing
+	}
+	margin := g.threshold / 4 // where the limit is unknown or far
+	if limit > 0 {
+		margin = min(margin, max(limit-ws, 0)/2)
+	}
+	g.releasing = true
+	g.released = ws - freed/2
+	g.again = ws + margin
+	g.until = now.Add(releaseTimeout)
+	return pollFor(ws, limit)
+}
+
+// pollFor is the wait before the next look at a working set of ws under a
+// hard limit of limit bytes: what a process growing at fastestGrowth takes
+// to use that room, within [pollMin, pollMax].
+func pollFor(ws, limit int64) time.Duration {
+	if limit <= 0 || limit <= ws {
+		return pollMin
+	}
+	d := time.Duration(float64(limit-ws) / fastestGrowth * float64(time.Second))
+	return min(max(d, pollMin), pollMax)
 }
 
 // workingSet is usage less the file pages on the LRU lists (memory.stat's

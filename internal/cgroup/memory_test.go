@@ -1,6 +1,7 @@
 package cgroup
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -8,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -52,11 +55,12 @@ func TestWatchMemoryAndSetLimit(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	fired := make(chan int64, 16)
-	if err := WatchMemory(ctx, id, 64<<20, func(u int64) {
+	if err := WatchMemory(ctx, id, 64<<20, func(u int64) int64 {
 		select {
 		case fired <- u:
 		default:
 		}
+		return 0
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -89,11 +93,12 @@ func TestWatchMemoryAndSetLimit(t *testing.T) {
 	// A watch registered while the working set is already past its
 	// threshold (a recovered sandbox) fires too, with no crossing.
 	late := make(chan int64, 16)
-	if err := WatchMemory(ctx, id, 64<<20, func(u int64) {
+	if err := WatchMemory(ctx, id, 64<<20, func(u int64) int64 {
 		select {
 		case late <- u:
 		default:
 		}
+		return 0
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -101,5 +106,242 @@ func TestWatchMemoryAndSetLimit(t *testing.T) {
 	case <-late:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no callback for a watch registered above its threshold")
+	}
+}
+
+// memGuard's rules, look by look: the threshold, the pace of the looks,
+// and the time after a kill while the killed process's memory is released.
+func TestMemGuard(t *testing.T) {
+	const mib = 1 << 20
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	g := memGuard{threshold: 256 * mib}
+	limit := int64(320 * mib)
+	check := func(step string, now time.Time, usage, ws int64, wantFree bool, wantWait time.Duration) {
+		t.Helper()
+		free, wait := g.look(now, usage, ws, limit)
+		if free != wantFree || (!free && wait != wantWait) {
+			t.Fatalf("%s: look(usage %d MiB, ws %d MiB) = %v, %v; want %v, %v", step, usage/mib, ws/mib, free, wait, wantFree, wantWait)
+		}
+	}
+	check("below", at(0), 100*mib, 100*mib, false, 0)
+	// Page cache holds the usage up: look again before a process growing
+	// at fastestGrowth could fill the room left (288 MiB: ~35 ms).
+	check("page cache", at(0), 300*mib, 12*mib, false, pollFor(12*mib, limit))
+	if w := pollFor(12*mib, limit); w < 30*time.Millisecond || w > 40*time.Millisecond {
+		t.Fatalf("pollFor(12 MiB under 320) = %v", w)
+	}
+	check("3 MiB short", at(0), 256*mib, 253*mib, false, pollFor(253*mib, limit))
+	if w := pollFor(253*mib, limit); w > 10*time.Millisecond {
+		t.Fatalf("3 MiB short of the threshold, 67 under the limit, the next look is %v away", w)
+	}
+	check("at the threshold", at(0), 258*mib, 258*mib, true, 0)
+	// The kill at 258 MiB frees a 240 MiB process: its release is done at
+	// 138 MiB; meanwhile the guard kills again only at 258 + (320-258)/2.
+	if w := g.freed(at(0), 258*mib, 240*mib, limit); w != pollFor(258*mib, limit) {
+		t.Fatalf("wait after a kill = %v", w)
+	}
+	check("released late", at(10), 258*mib, 258*mib, false, pollFor(258*mib, limit))
+	check("a new process grows into what is freed", at(20), 270*mib, 270*mib, false, pollFor(270*mib, limit))
+	check("grows faster than the release", at(30), 289*mib, 289*mib, true, 0)
+	g.freed(at(30), 289*mib, 60*mib, limit) // the new one: release done at 259
+	check("second release", at(40), 280*mib, 280*mib, false, pollFor(280*mib, limit))
+	check("second release done, still at the threshold", at(50), 259*mib, 259*mib, true, 0)
+	g.freed(at(50), 259*mib, 200*mib, limit)
+	check("third release", at(60), 200*mib, 200*mib, false, pollFor(200*mib, limit))
+	check("released", at(70), 140*mib, 140*mib, false, 0)
+	check("after the release the threshold rules", at(80), 257*mib, 257*mib, true, 0)
+	// A release never seen is followed for releaseTimeout, no longer.
+	g.freed(at(80), 257*mib, 100*mib, limit)
+	check("not released", at(320), 257*mib, 257*mib, false, pollFor(257*mib, limit))
+	check("not released in time", at(331), 257*mib, 257*mib, true, 0)
+	// A call that freed nothing: the next look in 250 ms.
+	if w := g.freed(at(331), 257*mib, 0, limit); w != pollNothing || g.releasing {
+		t.Fatalf("nothing freed: wait %v, releasing %v", w, g.releasing)
+	}
+	check("nothing freed, still above", at(581), 257*mib, 257*mib, true, 0)
+	// No room, or the limit unknown: look as soon as allowed.
+	if w := pollFor(330*mib, limit); w != pollMin {
+		t.Fatalf("pollFor past the limit = %v", w)
+	}
+	if w := pollFor(10*mib, 1<<62); w != pollMax {
+		t.Fatalf("pollFor with no limit = %v", w)
+	}
+}
+
+// hog is a process in a test cgroup that grows and frees its memory on
+// command, 1 MiB at a time with a pause between steps (glibc's mmap
+// threshold fixed, so every MiB freed goes back to the kernel at once).
+type hog struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+const hogScript = `import sys, time
+chunks = []
+for line in sys.stdin:
+    verb, n, gap = line.split()
+    n, gap = int(n), float(gap) / 1000
+    for i in range(n):
+        if verb == 'grow':
+            chunks.append(b'x' * (1 << 20))
+        elif chunks:
+            chunks.pop()
+        else:
+            break
+        if gap:
+            time.sleep(gap)
+    print(len(chunks), flush=True)
+`
+
+func startHog(t *testing.T, id string, lim Limits) *hog {
+	t.Helper()
+	cmd := exec.Command("python3", "-c", hogScript)
+	cmd.Env = append(os.Environ(), "MALLOC_MMAP_THRESHOLD_=131072")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if err := Place(id, cmd.Process.Pid, lim); err != nil {
+		t.Fatal(err)
+	}
+	return &hog{cmd: cmd, in: in, out: bufio.NewReader(out)}
+}
+
+// do sends a command ("grow" or "free", MiB, ms between steps).
+func (h *hog) do(verb string, mib, gapMS int) {
+	fmt.Fprintf(h.in, "%s %d %d\n", verb, mib, gapMS)
+}
+
+// done waits for the command sent before to finish and returns the MiB held.
+func (h *hog) done(t *testing.T) int {
+	t.Helper()
+	line, err := h.out.ReadString('\n')
+	if err != nil {
+		t.Fatalf("hog %d: %v (killed?)", h.cmd.Process.Pid, err)
+	}
+	n, _ := strconv.Atoi(line[:len(line)-1])
+	return n
+}
+
+// After a kill the watch follows the killed process's release: a process
+// that grows slower than the release frees is left alone (the working set
+// stays above the threshold for a while, and it is innocent), one that
+// grows faster is stopped before the host's limit, and once the release
+// is done the threshold rules again. The release is made slow on purpose
+// (gVisor's is tens of ms late); the host's limit must never be reached.
+func TestWatchMemoryFollowsRelease(t *testing.T) {
+	needRoot(t)
+	if Unified() {
+		t.Skip("memory watch is cgroup v1 only (see ErrNoMemoryWatch); this host runs v2")
+	}
+	const mib = 1 << 20
+	id := fmt.Sprintf("test-memrelease-%d", os.Getpid())
+	t.Cleanup(func() { _ = Remove(id) })
+	lim := Limits{MemoryMB: 256}
+	a, b := startHog(t, id, lim), startHog(t, id, lim)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	type call struct {
+		n  int
+		ws int64
+	}
+	calls := make(chan call, 16)
+	var n int
+	// fn plays the agent: it "kills" by telling a hog to free its memory
+	// (slowly, where the test wants a late release) and starts whatever
+	// the phase needs next.
+	if err := WatchMemory(ctx, id, 128*mib, func(ws int64) int64 {
+		n++
+		calls <- call{n, ws}
+		switch n {
+		case 1: // a at the threshold: it frees over ~140 ms; b grows 64 MiB over ~200 ms
+			a.do("free", 1000, 1)
+			b.do("grow", 64, 3)
+			return 140 * mib
+		case 2: // b alone at the threshold
+			b.do("free", 1000, 0)
+			return 144 * mib
+		case 3: // a again, freeing slower still; b grows 200 MiB fast: a+b would pass 256
+			a.do("free", 1000, 4)
+			b.do("grow", 200, 1)
+			return 140 * mib
+		case 4: // b, caught growing during a's release
+			if err := syscall.Kill(b.cmd.Process.Pid, 0); err != nil {
+				t.Errorf("b gone before the watch stopped it: %v", err)
+			}
+			_ = b.cmd.Process.Kill()
+			return 200 * mib
+		}
+		return 0
+	}); err != nil {
+		t.Fatal(err)
+	}
+	next := func(what string) call {
+		t.Helper()
+		select {
+		case c := <-calls:
+			return c
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no call: %s", what)
+		}
+		return call{}
+	}
+	none := func(what string) {
+		t.Helper()
+		select {
+		case c := <-calls:
+			t.Fatalf("%s: call %d at a working set of %d MiB", what, c.n, c.ws/mib)
+		default:
+		}
+	}
+
+	a.do("grow", 140, 0)
+	if c := next("a grew to 140 MiB of 128"); c.n != 1 || c.ws < 128*mib {
+		t.Fatalf("first call %+v", c)
+	}
+	a.done(t) // the grow
+	if held := a.done(t); held != 0 {
+		t.Fatalf("a holds %d MiB after its release", held)
+	}
+	if held := b.done(t); held != 64 {
+		t.Fatalf("b holds %d MiB", held)
+	}
+	none("b grew more slowly than a freed: innocent")
+
+	b.do("grow", 80, 0)
+	if c := next("b alone at 144 MiB of 128"); c.n != 2 {
+		t.Fatalf("second call %+v", c)
+	}
+	b.done(t) // the grow
+	b.done(t) // the free
+
+	a.do("grow", 140, 0)
+	if c := next("a at 140 MiB again"); c.n != 3 {
+		t.Fatalf("third call %+v", c)
+	}
+	if c := next("b growing faster than a's release"); c.n != 4 {
+		t.Fatalf("fourth call %+v", c)
+	}
+	a.done(t) // the grow
+	if held := a.done(t); held != 0 {
+		t.Fatalf("a holds %d MiB after its release", held)
+	}
+	none("after the release")
+	d := filepath.Join(Root, "memory", Parent, id)
+	if peak, _ := strconv.ParseInt(read(t, filepath.Join(d, "memory.max_usage_in_bytes")), 10, 64); peak >= 256*mib {
+		t.Errorf("peak usage %d MiB: the host's limit was reached", peak/mib)
+	}
+	if oc := read(t, filepath.Join(d, "memory.oom_control")); !strings.Contains(oc, "oom_kill 0") {
+		t.Errorf("the host's OOM killer ran: %s", oc)
 	}
 }

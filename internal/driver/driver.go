@@ -107,9 +107,12 @@ type Prioritizer interface {
 // hard limit above the sandbox's memory and WatchMemory calls fn each
 // time the sandbox's use reaches its memory, until ctx ends; the caller
 // frees memory then (the agent kills the largest process, as a VM's own
-// kernel would). A VM needs none of this: its kernel has an OOM killer.
+// kernel would) and returns the bytes it expects freed (what the killed
+// process held; 0 if nothing was killed), which the watch follows before
+// it looks at the threshold again. A VM needs none of this: its kernel has
+// an OOM killer.
 type MemoryWatcher interface {
-	WatchMemory(ctx context.Context, fn func()) error
+	WatchMemory(ctx context.Context, fn func() (freed int64)) error
 }
 
 // Handle is the persisted, driver-specific record of an instance.

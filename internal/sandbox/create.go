@@ -343,7 +343,7 @@ func (s *Service) watch(id string, l *live, memWatch context.CancelFunc) {
 		} else if mw, ok := l.inst.(driver.MemoryWatcher); ok {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			if err := mw.WatchMemory(ctx, func() { s.reclaimMemory(id, l.agent) }); err != nil {
+			if err := mw.WatchMemory(ctx, func() int64 { return s.reclaimMemory(id, l.agent) }); err != nil {
 				s.mu.Lock()
 				gone := s.live[id] != l
 				s.mu.Unlock()
@@ -371,8 +371,9 @@ func (s *Service) watch(id string, l *live, memWatch context.CancelFunc) {
 
 // reclaimMemory runs when a sandbox's memory use reached its memory: the
 // agent kills the process using the most (its exit reports error "oom"),
-// so the sandbox lives on where the host would have stopped all of it.
-func (s *Service) reclaimMemory(id string, agent *agentclient.Client) {
+// so the sandbox lives on where the host would have stopped all of it. It
+// returns the killed process's resident memory (0: nothing was killed).
+func (s *Service) reclaimMemory(id string, agent *agentclient.Client) int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	v, err := agent.Reclaim(ctx)
@@ -382,7 +383,9 @@ func (s *Service) reclaimMemory(id string, agent *agentclient.Client) {
 	case v.PID != 0:
 		s.metrics.OOMKills.Inc()
 		s.log.Info("sandbox at its memory limit: killed its largest process", "sandbox", id, "pid", v.PID, "cmd", v.Cmd, "rss_bytes", v.RSS)
+		return v.RSS
 	}
+	return 0
 }
 
 // putNetwork records a new sandbox's network policy and the names of its

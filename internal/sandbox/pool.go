@@ -309,7 +309,7 @@ func (s *Service) prewatch(w *warm) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	id, agent := w.sb.ID, w.agent
-	if err := mw.WatchMemory(ctx, func() { s.reclaimMemory(id, agent) }); err != nil {
+	if err := mw.WatchMemory(ctx, func() int64 { return s.reclaimMemory(id, agent) }); err != nil {
 		cancel()
 		s.log.Debug("warm pool: memory watch not registered; the claim registers it", "sandbox", id, "err", err)
 		return
