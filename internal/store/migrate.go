@@ -144,6 +144,12 @@ ALTER TABLE team_quotas ADD COLUMN max_rps INTEGER NOT NULL DEFAULT 0;
 	`
 ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
 `,
+	// 11: the live-team index covers the quota count (state, memory and
+	// CPUs in the index: no row read per sandbox counted).
+	`
+DROP INDEX sandboxes_live_team;
+CREATE INDEX sandboxes_live_team ON sandboxes(team, state, memory_mb, cpu) WHERE state IN ('creating', 'running', 'paused', 'stopping');
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

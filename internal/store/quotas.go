@@ -43,7 +43,9 @@ func SizeOf(sb Sandbox) Size { return Size{CPU: sb.CPU, MemoryMB: sb.MemoryMB} }
 
 // liveStates are the states that hold host resources. A paused sandbox is
 // frozen in memory; pooled sandboxes belong to no team. The partial index
-// sandboxes_live_team names the same list.
+// sandboxes_live_team names the same list and holds every column usageSQL
+// and withinSQL read, so counting reads the index only (TestUsageReadsIndexOnly):
+// every claim counts its team's sandboxes inside the one write transaction.
 const liveStates = `('creating', 'running', 'paused', 'stopping')`
 
 // usageSQL counts a team's live sandboxes, their memory and their CPUs.

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -162,5 +163,66 @@ func TestQuotaRace(t *testing.T) {
 	}
 	if u, _ := s.TeamUsage(ctx, "t1"); u.Sandboxes != 7 {
 		t.Fatalf("usage %+v", u)
+	}
+}
+
+// The quota count, done by every claim inside the one write transaction,
+// reads the live-team index only, never the sandboxes' rows.
+func TestUsageReadsIndexOnly(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	for _, q := range []string{usageSQL, `SELECT 1 WHERE ` + withinSQL} {
+		n := strings.Count(q, "?")
+		args := make([]any, n)
+		for i := range args {
+			args[i] = 1
+		}
+		args[n-1] = "team" // the team is the last argument of both
+		rows, err := s.r.QueryContext(ctx, `EXPLAIN QUERY PLAN `+q, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var id, parent, unused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, detail)
+		}
+		rows.Close()
+		if p := strings.Join(plan, "; "); !strings.Contains(p, "USING COVERING INDEX sandboxes_live_team") {
+			t.Errorf("plan of %q:\n%s\nwant the covering index sandboxes_live_team", q, p)
+		}
+	}
+}
+
+// BenchmarkClaimWithin is one warm claim under a quota for a team already
+// holding 1,000 live sandboxes (and those claimed before it: run it with
+// -benchtime 500x): the claim counts them in its statement.
+func BenchmarkClaimWithin(b *testing.B) {
+	ctx := b.Context()
+	s, err := Open(ctx, filepath.Join(b.TempDir(), "space.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 1000 {
+		if err := s.CreateSandbox(ctx, newSandbox(fmt.Sprint("live", i), "t1", "running")); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := range b.N {
+		if err := s.CreateSandbox(ctx, newSandbox(fmt.Sprint("pool", i), "-pool", "pooled")); err != nil {
+			b.Fatal(err)
+		}
+	}
+	q := Quota{MaxSandboxes: 1 << 30}
+	b.ResetTimer()
+	for i := range b.N {
+		if err := s.ClaimSandboxWithin(ctx, newSandbox(fmt.Sprint("pool", i), "t1", "running"), q); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
