@@ -24,8 +24,11 @@ const (
 	// Output is read in chunks that start small and double, up to
 	// readChunkMax, while reads fill them: a chatty process costs little
 	// memory, a bulk stream few system calls (each one costs tens of
-	// microseconds inside gVisor).
-	readChunkMin = 64 << 10
+	// microseconds inside gVisor). The first chunk is one page: most
+	// commands print less, many nothing, and each exec reads stdout and
+	// stderr (64 KiB chunks were most of what an exec allocated in the
+	// agent; a bulk stream reaches readChunkMax after 8 full reads).
+	readChunkMin = 4 << 10
 	readChunkMax = 1 << 20
 	// pipeSize is the capacity asked for output pipes (the default is
 	// 64 KiB), so a read can take up to readChunkMax at once.
