@@ -7,6 +7,7 @@ require github.com/spacesandbox/space/sdk/go v0.0.0
 require (
 	connectrpc.com/connect v1.21.1
 	github.com/klauspost/compress v1.20.4
+	go.yaml.in/yaml/v3 v3.0.5
 	golang.org/x/time v0.16.0
 )
 

@@ -59,6 +59,16 @@ type API struct {
 	log   *slog.Logger
 	mux   *http.ServeMux
 	ports *portproxy.Proxy
+	// routes are the API key's operations as registered ("METHOD /path";
+	// no method: every method) and whether each counts against the
+	// team's requests per second: what TestOpenAPIMatchesRoutes holds the
+	// specification to.
+	routes []route
+}
+
+type route struct {
+	pattern string
+	limited bool
 }
 
 // New builds the handler.
@@ -76,6 +86,7 @@ func New(cfg Config) *API {
 	})
 	auth := func(pattern string, h func(http.ResponseWriter, *http.Request, sandbox.Caller)) {
 		m.HandleFunc(pattern, a.authed(a.rateLimited(h)))
+		a.routes = append(a.routes, route{pattern, true})
 	}
 	auth("POST /v1/sandboxes", a.createSandbox)
 	auth("GET /v1/sandboxes", a.listSandboxes)
@@ -115,8 +126,10 @@ func New(cfg Config) *API {
 	auth("GET /v1/sandboxes/{id}/pty", a.pty)
 	// A sandbox's own server: its traffic (a page and its assets) is not
 	// counted against the team's API rate.
-	m.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{path...}", a.authed(a.portProxy)) // every method
-	m.HandleFunc("/v1/sandboxes/{id}/ports/{port}", a.authed(a.portProxy))
+	for _, pattern := range []string{"/v1/sandboxes/{id}/ports/{port}/{path...}", "/v1/sandboxes/{id}/ports/{port}"} { // every method
+		m.HandleFunc(pattern, a.authed(a.portProxy))
+		a.routes = append(a.routes, route{pattern, false})
+	}
 	auth("GET /v1/templates", a.listTemplates)
 	auth("POST /v1/templates/{name}/build", a.buildTemplate)
 	auth("POST /v1/keys", a.createKey)
