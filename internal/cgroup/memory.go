@@ -100,12 +100,13 @@ func WatchMemory(ctx context.Context, id string, threshold int64, fn func(workin
 		usage.Close()
 		return err
 	}
+	timeout := releaseTimeout
 	go func() {
 		defer usage.Close()
 		defer ev.Close()
 		stop := context.AfterFunc(ctx, func() { _ = ev.SetReadDeadline(time.Unix(1, 0)) })
 		defer stop()
-		g := memGuard{threshold: threshold}
+		g := memGuard{threshold: threshold, timeout: timeout}
 		buf := make([]byte, 8)
 		for {
 			u, err := readInt(filepath.Join(d, "memory.usage_in_bytes"))
@@ -149,15 +150,16 @@ const (
 	fastestGrowth = 8 << 30 // bytes per second
 	pollMin       = 2 * time.Millisecond
 	pollMax       = 50 * time.Millisecond
-	// releaseTimeout bounds how long a kill's release is followed: gVisor
-	// released a killed process's memory 20-40 ms after the kill here.
-	// While it is followed, a process that outgrew its memory lives on
-	// until the release is seen done (its memory can fill what the killed
-	// one freed, so it may never be) or this has passed.
-	releaseTimeout = 250 * time.Millisecond
 	// pollNothing is the wait after a call that freed nothing.
 	pollNothing = 250 * time.Millisecond
 )
+
+// releaseTimeout bounds how long a kill's release is followed: gVisor
+// released a killed process's memory 20-40 ms after the kill here. While
+// it is followed, a process that outgrew its memory lives on until the
+// release is seen done (its memory can fill what the killed one freed, so
+// it may never be) or this has passed. A var for tests.
+var releaseTimeout = 250 * time.Millisecond
 
 // memGuard decides from successive looks at a sandbox's memory when to
 // free memory and when to look next.
@@ -175,10 +177,11 @@ const (
 // keeps looking and kills again only when the working set grows halfway
 // from its level at the kill to the hard limit: something allocates
 // faster than the release frees. The release counts as done once half the
-// killed process's memory is gone, or after 250 ms; then the threshold
-// rules again.
+// killed process's memory is gone (after a second kill during a release,
+// once both are), or after 250 ms; then the threshold rules again.
 type memGuard struct {
 	threshold int64
+	timeout   time.Duration // releaseTimeout
 
 	releasing bool
 	released  int64     // the release is done at or below this working set
@@ -217,10 +220,16 @@ func (g *memGuard) freed(now time.Time, ws, freed, limit int64) time.Duration {
 	if limit > 0 {
 		margin = min(margin, max(limit-ws, 0)/2)
 	}
+	released := ws - freed/2
+	if g.releasing {
+		// A kill during a release: both are awaited (what the first
+		// frees is still counted in ws).
+		released = min(released, g.released)
+	}
 	g.releasing = true
-	g.released = ws - freed/2
+	g.released = released
 	g.again = ws + margin
-	g.until = now.Add(releaseTimeout)
+	g.until = now.Add(g.timeout)
 	return pollFor(ws, limit)
 }
 
