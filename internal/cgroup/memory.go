@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -71,12 +72,13 @@ func MemoryUsage(id string) (int64, error) {
 // it expects to free: the memory of what it killed, 0 when it freed nothing.
 //
 // On cgroup v1 the kernel signals an eventfd when the usage crosses the
-// threshold (memory thresholds of cgroup.event_control). Only while the
-// usage is above it (page cache can hold the usage up while a process
-// grows) or while a kill's memory is being released is the working set
-// read, as often as the room left under the cgroup's hard limit needs (see
-// memGuard). The eventfd waits in Go's poller, not on a thread. On cgroup
-// v2 it returns ErrNoMemoryWatch.
+// threshold (memory thresholds of cgroup.event_control), and another on
+// reclaim in the cgroup (memory.pressure_level). The working set is read
+// only while the usage is above the threshold or a kill's memory is being
+// released, as often as the room left under the cgroup's hard limit needs,
+// and not at all while page cache alone holds the usage up (see memGuard).
+// The eventfds wait in Go's poller, not on a thread. On cgroup v2 it
+// returns ErrNoMemoryWatch.
 func WatchMemory(ctx context.Context, id string, threshold int64, fn func(workingSet int64) (freed int64)) error {
 	if err := checkID(id); err != nil {
 		return err
@@ -89,25 +91,32 @@ func WatchMemory(ctx context.Context, id string, threshold int64, fn func(workin
 	if err != nil {
 		return fmt.Errorf("cgroup: %w", err)
 	}
-	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	defer usage.Close() // the registration holds the file
+	crossed, err := register(d, usage, strconv.FormatInt(threshold, 10))
 	if err != nil {
-		usage.Close()
-		return fmt.Errorf("cgroup: eventfd: %w", err)
-	}
-	ev := os.NewFile(uintptr(efd), "eventfd") // non-blocking: read in the poller
-	if err := write(d, "cgroup.event_control", fmt.Sprintf("%d %d %d", efd, usage.Fd(), threshold)); err != nil {
-		ev.Close()
-		usage.Close()
 		return err
 	}
+	events := []*os.File{crossed}
+	// Best effort: without it the watch looks at its pace while page
+	// cache holds the usage above the threshold, as it did before.
+	if pl, err := os.Open(filepath.Join(d, "memory.pressure_level")); err == nil {
+		if reclaim, err := register(d, pl, "low"); err == nil {
+			events = append(events, reclaim)
+		}
+		pl.Close()
+	}
 	timeout := releaseTimeout
+	wake := make(chan struct{}, 1)
+	for _, f := range events {
+		go notify(f, wake)
+	}
 	go func() {
-		defer usage.Close()
-		defer ev.Close()
-		stop := context.AfterFunc(ctx, func() { _ = ev.SetReadDeadline(time.Unix(1, 0)) })
-		defer stop()
-		g := memGuard{threshold: threshold, timeout: timeout}
-		buf := make([]byte, 8)
+		defer func() {
+			for _, f := range events {
+				f.Close() // ends notify
+			}
+		}()
+		g := memGuard{threshold: threshold, timeout: timeout, reclaimEvents: len(events) > 1}
 		for {
 			u, err := readInt(filepath.Join(d, "memory.usage_in_bytes"))
 			if err != nil {
@@ -117,28 +126,69 @@ func WatchMemory(ctx context.Context, id string, threshold int64, fn func(workin
 			if g.releasing || u >= threshold {
 				ws = workingSet(d, u)
 				limit, _ = readInt(filepath.Join(d, "memory.limit_in_bytes"))
+				looks.Add(1)
 			}
-			free, wait := g.look(time.Now(), u, ws, limit)
+			free, p := g.look(time.Now(), u, ws, limit)
 			if free {
-				wait = g.freed(time.Now(), ws, fn(ws), limit)
+				p = g.freed(time.Now(), ws, fn(ws), limit)
 			}
-			if wait == 0 {
-				// Signalled on every crossing, down as well as up, and
-				// when the cgroup is removed.
-				if _, err := ev.Read(buf); err != nil {
-					return // ctx ended
+			if p.sleep > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(p.sleep):
 				}
+			}
+			if !p.event {
 				continue
+			}
+			var backstop <-chan time.Time
+			if p.max > 0 {
+				backstop = time.After(p.max)
 			}
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(wait):
+			case <-wake: // a crossing (down as well as up), reclaim, or the cgroup removed
+			case <-backstop:
 			}
 		}
 	}()
 	return nil
 }
+
+// register asks the kernel to signal a new eventfd on the control file f
+// of cgroup d with args (cgroup v1 cgroup.event_control). The eventfd is
+// non-blocking, read in Go's poller.
+func register(d string, f *os.File, args string) (*os.File, error) {
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: eventfd: %w", err)
+	}
+	ev := os.NewFile(uintptr(efd), "eventfd")
+	if err := write(d, "cgroup.event_control", fmt.Sprintf("%d %d %s", efd, f.Fd(), args)); err != nil {
+		ev.Close()
+		return nil, err
+	}
+	return ev, nil
+}
+
+// notify wakes the watch on each signal of ev, until ev is closed.
+func notify(ev *os.File, wake chan<- struct{}) {
+	buf := make([]byte, 8)
+	for {
+		if _, err := ev.Read(buf); err != nil {
+			return
+		}
+		select {
+		case wake <- struct{}{}:
+		default: // one pending wake-up stands for any number
+		}
+	}
+}
+
+// looks counts the watches' reads of a working set (tests).
+var looks atomic.Int64
 
 // How memGuard paces its looks.
 const (
@@ -152,6 +202,9 @@ const (
 	pollMax       = 50 * time.Millisecond
 	// pollNothing is the wait after a call that freed nothing.
 	pollNothing = 250 * time.Millisecond
+	// cacheBackstop bounds the wait for a reclaim event while page cache
+	// holds the usage up (see memGuard).
+	cacheBackstop = time.Second
 )
 
 // releaseTimeout bounds how long a kill's release is followed: gVisor
@@ -161,6 +214,15 @@ const (
 // it may never be) or this has passed. A var for tests.
 var releaseTimeout = 250 * time.Millisecond
 
+// pause is what the watch does before its next look: sleep, then, with
+// event, wait for a kernel event (a crossing of the threshold, reclaim in
+// the cgroup, its removal) for at most max (0: no bound).
+type pause struct {
+	sleep time.Duration
+	event bool
+	max   time.Duration
+}
+
 // memGuard decides from successive looks at a sandbox's memory when to
 // free memory and when to look next.
 //
@@ -168,6 +230,14 @@ var releaseTimeout = 250 * time.Millisecond
 // under the hard limit needs (pollFor): a fixed 50 ms let a fast
 // allocation that was 3 MiB short of the threshold at one look reach the
 // host's limit, 64 MiB further, by the next (the whole sandbox stops).
+// Except while page cache alone keeps the usage above the threshold (a
+// sandbox that wrote or read more files than its headroom holds, an
+// everyday thing, and the cache stays charged until reclaimed): when the
+// working set plus the room left under the limit is below the threshold,
+// no process can reach the threshold before the cgroup reclaims, and
+// reclaim is signalled. The guard then waits for that signal (at most a
+// second, in case the host's own reclaim shrank the cache meanwhile)
+// instead of looking 20-30 times a second for as long as the cache stays.
 //
 // The subtle part is the time after a kill: gVisor releases a killed
 // process's memory to the host tens of milliseconds late, so for a while
@@ -180,8 +250,9 @@ var releaseTimeout = 250 * time.Millisecond
 // killed process's memory is gone (after a second kill during a release,
 // once both are), or after 250 ms; then the threshold rules again.
 type memGuard struct {
-	threshold int64
-	timeout   time.Duration // releaseTimeout
+	threshold     int64
+	timeout       time.Duration // releaseTimeout
+	reclaimEvents bool          // reclaim in the cgroup is signalled
 
 	releasing bool
 	released  int64     // the release is done at or below this working set
@@ -190,31 +261,35 @@ type memGuard struct {
 }
 
 // look takes the usage, working set and hard limit (0 or less: unknown)
-// now and says whether to free memory, or else how long to wait before the
-// next look (0: until the kernel signals a crossing of the threshold).
-func (g *memGuard) look(now time.Time, usage, ws, limit int64) (free bool, wait time.Duration) {
+// now and says whether to free memory, or else what to do before the next
+// look.
+func (g *memGuard) look(now time.Time, usage, ws, limit int64) (free bool, p pause) {
 	if g.releasing {
 		if ws > g.released && now.Before(g.until) {
-			return ws >= g.again, pollFor(ws, limit)
+			return ws >= g.again, pause{sleep: pollFor(ws, limit)}
 		}
 		g.releasing = false
 	}
 	switch {
 	case usage < g.threshold:
-		return false, 0
+		return false, pause{event: true}
 	case ws >= g.threshold:
-		return true, 0
+		return true, pause{}
+	case g.reclaimEvents && limit > 0 && ws+max(limit-usage, 0) < g.threshold:
+		// Page cache holds the usage up: growth past the limit's room
+		// makes the cgroup reclaim, which wakes the watch.
+		return false, pause{sleep: pollFor(ws, limit), event: true, max: cacheBackstop}
 	default:
-		return false, pollFor(ws, limit)
+		return false, pause{sleep: pollFor(ws, limit)}
 	}
 }
 
 // freed records a call to free memory at working set ws that expects to
-// free freed bytes, and returns the wait before the next look.
-func (g *memGuard) freed(now time.Time, ws, freed, limit int64) time.Duration {
+// free freed bytes, and returns what to do before the next look.
+func (g *memGuard) freed(now time.Time, ws, freed, limit int64) pause {
 	if freed <= 0 {
 		g.releasing = false
-		return pollNothing
+		return pause{sleep: pollNothing}
 	}
 	margin := g.threshold / 4 // where the limit is unknown or far
 	if limit > 0 {
@@ -230,7 +305,7 @@ func (g *memGuard) freed(now time.Time, ws, freed, limit int64) time.Duration {
 	g.released = released
 	g.again = ws + margin
 	g.until = now.Add(g.timeout)
-	return pollFor(ws, limit)
+	return pause{sleep: pollFor(ws, limit)}
 }
 
 // pollFor is the wait before the next look at a working set of ws under a

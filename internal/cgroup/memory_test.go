@@ -116,51 +116,51 @@ func TestMemGuard(t *testing.T) {
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	g := memGuard{threshold: 256 * mib, timeout: releaseTimeout}
 	limit := int64(320 * mib)
-	check := func(step string, now time.Time, usage, ws int64, wantFree bool, wantWait time.Duration) {
+	check := func(step string, now time.Time, usage, ws int64, wantFree bool, want pause) {
 		t.Helper()
-		free, wait := g.look(now, usage, ws, limit)
-		if free != wantFree || (!free && wait != wantWait) {
-			t.Fatalf("%s: look(usage %d MiB, ws %d MiB) = %v, %v; want %v, %v", step, usage/mib, ws/mib, free, wait, wantFree, wantWait)
+		free, p := g.look(now, usage, ws, limit)
+		if free != wantFree || (!free && p != want) {
+			t.Fatalf("%s: look(usage %d MiB, ws %d MiB) = %v, %+v; want %v, %+v", step, usage/mib, ws/mib, free, p, wantFree, want)
 		}
 	}
-	check("below", at(0), 100*mib, 100*mib, false, 0)
+	check("below", at(0), 100*mib, 100*mib, false, pause{event: true})
 	// Page cache holds the usage up: look again before a process growing
 	// at fastestGrowth could fill the room left (288 MiB: ~35 ms).
-	check("page cache", at(0), 300*mib, 12*mib, false, pollFor(12*mib, limit))
+	check("page cache", at(0), 300*mib, 12*mib, false, pause{sleep: pollFor(12*mib, limit)})
 	if w := pollFor(12*mib, limit); w < 30*time.Millisecond || w > 40*time.Millisecond {
 		t.Fatalf("pollFor(12 MiB under 320) = %v", w)
 	}
-	check("3 MiB short", at(0), 256*mib, 253*mib, false, pollFor(253*mib, limit))
+	check("3 MiB short", at(0), 256*mib, 253*mib, false, pause{sleep: pollFor(253*mib, limit)})
 	if w := pollFor(253*mib, limit); w > 10*time.Millisecond {
 		t.Fatalf("3 MiB short of the threshold, 67 under the limit, the next look is %v away", w)
 	}
-	check("at the threshold", at(0), 258*mib, 258*mib, true, 0)
+	check("at the threshold", at(0), 258*mib, 258*mib, true, pause{})
 	// The kill at 258 MiB frees a 240 MiB process: its release is done at
 	// 138 MiB; meanwhile the guard kills again only at 258 + (320-258)/2.
-	if w := g.freed(at(0), 258*mib, 240*mib, limit); w != pollFor(258*mib, limit) {
-		t.Fatalf("wait after a kill = %v", w)
+	if p := g.freed(at(0), 258*mib, 240*mib, limit); p != (pause{sleep: pollFor(258*mib, limit)}) {
+		t.Fatalf("after a kill: %+v", p)
 	}
-	check("released late", at(10), 258*mib, 258*mib, false, pollFor(258*mib, limit))
-	check("a new process grows into what is freed", at(20), 270*mib, 270*mib, false, pollFor(270*mib, limit))
-	check("grows faster than the release", at(30), 289*mib, 289*mib, true, 0)
+	check("released late", at(10), 258*mib, 258*mib, false, pause{sleep: pollFor(258*mib, limit)})
+	check("a new process grows into what is freed", at(20), 270*mib, 270*mib, false, pause{sleep: pollFor(270*mib, limit)})
+	check("grows faster than the release", at(30), 289*mib, 289*mib, true, pause{})
 	g.freed(at(30), 289*mib, 60*mib, limit) // the new one: both releases are awaited (done at 138)
-	check("second release", at(40), 280*mib, 280*mib, false, pollFor(280*mib, limit))
-	check("the new one's memory freed, the first's not yet", at(45), 229*mib, 229*mib, false, pollFor(229*mib, limit))
-	check("both released", at(50), 130*mib, 130*mib, false, 0)
-	check("at the threshold again", at(50), 259*mib, 259*mib, true, 0)
+	check("second release", at(40), 280*mib, 280*mib, false, pause{sleep: pollFor(280*mib, limit)})
+	check("the new one's memory freed, the first's not yet", at(45), 229*mib, 229*mib, false, pause{sleep: pollFor(229*mib, limit)})
+	check("both released", at(50), 130*mib, 130*mib, false, pause{event: true})
+	check("at the threshold again", at(50), 259*mib, 259*mib, true, pause{})
 	g.freed(at(50), 259*mib, 200*mib, limit)
-	check("third release", at(60), 200*mib, 200*mib, false, pollFor(200*mib, limit))
-	check("released", at(70), 140*mib, 140*mib, false, 0)
-	check("after the release the threshold rules", at(80), 257*mib, 257*mib, true, 0)
+	check("third release", at(60), 200*mib, 200*mib, false, pause{sleep: pollFor(200*mib, limit)})
+	check("released", at(70), 140*mib, 140*mib, false, pause{event: true})
+	check("after the release the threshold rules", at(80), 257*mib, 257*mib, true, pause{})
 	// A release never seen is followed for releaseTimeout, no longer.
 	g.freed(at(80), 257*mib, 100*mib, limit)
-	check("not released", at(320), 257*mib, 257*mib, false, pollFor(257*mib, limit))
-	check("not released in time", at(331), 257*mib, 257*mib, true, 0)
+	check("not released", at(320), 257*mib, 257*mib, false, pause{sleep: pollFor(257*mib, limit)})
+	check("not released in time", at(331), 257*mib, 257*mib, true, pause{})
 	// A call that freed nothing: the next look in 250 ms.
-	if w := g.freed(at(331), 257*mib, 0, limit); w != pollNothing || g.releasing {
-		t.Fatalf("nothing freed: wait %v, releasing %v", w, g.releasing)
+	if p := g.freed(at(331), 257*mib, 0, limit); p != (pause{sleep: pollNothing}) || g.releasing {
+		t.Fatalf("nothing freed: %+v, releasing %v", p, g.releasing)
 	}
-	check("nothing freed, still above", at(581), 257*mib, 257*mib, true, 0)
+	check("nothing freed, still above", at(581), 257*mib, 257*mib, true, pause{})
 	// No room, or the limit unknown: look as soon as allowed.
 	if w := pollFor(330*mib, limit); w != pollMin {
 		t.Fatalf("pollFor past the limit = %v", w)
@@ -168,6 +168,22 @@ func TestMemGuard(t *testing.T) {
 	if w := pollFor(10*mib, 1<<62); w != pollMax {
 		t.Fatalf("pollFor with no limit = %v", w)
 	}
+
+	// Where reclaim is signalled: page cache holding the usage up is
+	// waited out (a working set of 12 MiB cannot reach 256 before the
+	// cgroup reclaims at 320), at most cacheBackstop, also at the limit
+	// itself; a working set within the limit's room of the threshold is
+	// looked at at its pace.
+	g = memGuard{threshold: 256 * mib, timeout: releaseTimeout, reclaimEvents: true}
+	cached := pause{sleep: pollFor(12*mib, limit), event: true, max: cacheBackstop}
+	check("page cache, reclaim signalled", at(0), 300*mib, 12*mib, false, cached)
+	cached.sleep = pollFor(12*mib, limit)
+	check("page cache at the limit", at(0), 320*mib, 12*mib, false, cached)
+	check("room enough to reach the threshold", at(0), 300*mib, 240*mib, false, pause{sleep: pollFor(240*mib, limit)})
+	check("below", at(0), 100*mib, 100*mib, false, pause{event: true})
+	check("at the threshold", at(0), 320*mib, 256*mib, true, pause{})
+	g.freed(at(0), 256*mib, 200*mib, limit)
+	check("releasing: looked at at its pace", at(10), 300*mib, 200*mib, false, pause{sleep: pollFor(200*mib, limit)})
 }
 
 // hog is a process in a test cgroup that grows and frees its memory on
@@ -184,7 +200,11 @@ chunks = []
 for line in sys.stdin:
     verb, n, gap = line.split()
     n, gap = int(n), float(gap) / 1000
-    for i in range(n):
+    if verb == 'write':  # n MiB to the file named by the first argument: page cache
+        with open(sys.argv[1], 'wb') as f:
+            for i in range(n):
+                f.write(b'z' * (1 << 20))
+    for i in range(n if verb != 'write' else 0):
         if verb == 'grow':
             chunks.append(b'x' * (1 << 20))
         elif chunks:
@@ -198,7 +218,7 @@ for line in sys.stdin:
 
 func startHog(t *testing.T, id string, lim Limits) *hog {
 	t.Helper()
-	cmd := exec.Command("python3", "-c", hogScript)
+	cmd := exec.Command("python3", "-c", hogScript, filepath.Join(t.TempDir(), "cache"))
 	cmd.Env = append(os.Environ(), "MALLOC_MMAP_THRESHOLD_=131072")
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -218,7 +238,8 @@ func startHog(t *testing.T, id string, lim Limits) *hog {
 	return &hog{cmd: cmd, in: in, out: bufio.NewReader(out)}
 }
 
-// do sends a command ("grow" or "free", MiB, ms between steps).
+// do sends a command ("grow" or "free", MiB, ms between steps; "write",
+// MiB, 0).
 func (h *hog) do(verb string, mib, gapMS int) {
 	fmt.Fprintf(h.in, "%s %d %d\n", verb, mib, gapMS)
 }
@@ -383,4 +404,60 @@ func rss(pid int) int64 {
 	}
 	pages, _ := strconv.ParseInt(f[1], 10, 64)
 	return pages * int64(os.Getpagesize())
+}
+
+// While page cache alone holds a cgroup's usage above the threshold (a
+// sandbox that wrote more files than its headroom holds), the watch waits
+// for the cgroup to reclaim instead of looking at its pace, 20-30 times a
+// second for as long as the cache stayed; and it still catches a process
+// that grows then, before the host's limit.
+func TestWatchMemoryPageCache(t *testing.T) {
+	needRoot(t)
+	if Unified() {
+		t.Skip("memory watch is cgroup v1 only (see ErrNoMemoryWatch); this host runs v2")
+	}
+	const mib = 1 << 20
+	id := fmt.Sprintf("test-memcache-%d", os.Getpid())
+	t.Cleanup(func() { _ = Remove(id) })
+	h := startHog(t, id, Limits{MemoryMB: 256})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	calls := make(chan int64, 16)
+	if err := WatchMemory(ctx, id, 128*mib, func(ws int64) int64 {
+		calls <- ws
+		held := rss(h.cmd.Process.Pid)
+		_ = h.cmd.Process.Kill() // as the agent does
+		return held
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h.do("write", 400, 0)
+	h.done(t)
+	if u, _ := MemoryUsage(id); u < 200*mib {
+		t.Fatalf("usage after writing 400 MiB under a 256 MiB limit: %d MiB (page cache not charged?)", u/mib)
+	}
+	time.Sleep(100 * time.Millisecond)
+	before := looks.Load()
+	time.Sleep(1500 * time.Millisecond)
+	if n := looks.Load() - before; n > 3 {
+		t.Errorf("%d looks at the working set in 1.5 s of page cache alone (want at most the second's backstop)", n)
+	}
+	select {
+	case ws := <-calls:
+		t.Fatalf("called at a working set of %d MiB for page cache", ws/mib)
+	default:
+	}
+	h.do("grow", 300, 0) // reclaims the cache as it grows, past the threshold and the limit
+	select {
+	case ws := <-calls:
+		if ws < 128*mib {
+			t.Fatalf("called at %d MiB", ws/mib)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no call while a process grew past the threshold through page cache")
+	}
+	_ = h.cmd.Wait()
+	if oc := read(t, filepath.Join(Root, "memory", Parent, id, "memory.oom_control")); !strings.Contains(oc, "oom_kill 0") {
+		t.Errorf("the host's OOM killer ran first: %s", oc)
+	}
 }
