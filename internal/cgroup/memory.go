@@ -91,7 +91,7 @@ func WatchMemory(ctx context.Context, id string, threshold int64, fn func(workin
 	if err != nil {
 		return fmt.Errorf("cgroup: %w", err)
 	}
-	defer usage.Close() // the registration holds the file
+	defer usage.Close() // needed to register only: the kernel keeps what it needs
 	crossed, err := register(d, usage, strconv.FormatInt(threshold, 10))
 	if err != nil {
 		return err

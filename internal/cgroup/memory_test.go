@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -459,5 +460,57 @@ func TestWatchMemoryPageCache(t *testing.T) {
 	_ = h.cmd.Wait()
 	if oc := read(t, filepath.Join(Root, "memory", Parent, id, "memory.oom_control")); !strings.Contains(oc, "oom_kill 0") {
 		t.Errorf("the host's OOM killer ran first: %s", oc)
+	}
+}
+
+// A watch leaves nothing behind (its goroutines and eventfds) when its
+// context ends or its cgroup is removed.
+func TestWatchMemoryEnds(t *testing.T) {
+	needRoot(t)
+	if Unified() {
+		t.Skip("memory watch is cgroup v1 only (see ErrNoMemoryWatch); this host runs v2")
+	}
+	fds := func() int {
+		ents, _ := os.ReadDir("/proc/self/fd")
+		return len(ents)
+	}
+	settled := func(what string, goroutines, open int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.NumGoroutine() > goroutines || fds() > open {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d goroutines (%d before), %d fds (%d before)", what, runtime.NumGoroutine(), goroutines, fds(), open)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	for _, end := range []string{"context", "cgroup removed"} {
+		id := fmt.Sprintf("test-memends-%d", os.Getpid())
+		cmd := exec.Command("sleep", "60")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := Place(id, cmd.Process.Pid, Limits{MemoryMB: 64}); err != nil {
+			t.Fatal(err)
+		}
+		goroutines, open := runtime.NumGoroutine(), fds()
+		ctx, cancel := context.WithCancel(t.Context())
+		if err := WatchMemory(ctx, id, 32<<20, func(int64) int64 { return 0 }); err != nil {
+			t.Fatal(err)
+		}
+		if runtime.NumGoroutine() <= goroutines || fds() != open+2 {
+			t.Fatalf("watching: %d goroutines (%d before), %d fds (%d before): want the watch's and two eventfds", runtime.NumGoroutine(), goroutines, fds(), open)
+		}
+		if end == "context" {
+			cancel()
+			settled(end, goroutines, open)
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if err := Remove(id); err != nil {
+			t.Fatal(err)
+		}
+		settled(end, goroutines, open)
+		cancel()
 	}
 }
