@@ -609,6 +609,12 @@ func (i *Instance) runsc(ctx context.Context, verb string, args ...string) error
 	full := append(append([]string{"--root", i.d.cfg.Root}, i.flags...), verb)
 	cmd := exec.CommandContext(ctx, i.d.cfg.Runsc, append(full, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// When the context ends first (a start or restore that hangs: once in
+	// CI a start hung 2 minutes with nothing in the log), runsc is asked
+	// for its goroutines before it is killed: Go prints them on SIGQUIT,
+	// into the log, and the error carries where it waited.
+	cmd.Cancel = func() error { return cmd.Process.Signal(unix.SIGQUIT) }
+	cmd.WaitDelay = quitGrace
 	err = cmd.Start()
 	if err == nil && i.low {
 		// A pooled sandbox's boot work done outside its cgroup (runsc
@@ -626,9 +632,36 @@ func (i *Instance) runsc(ctx context.Context, verb string, args ...string) error
 		i.mu.Lock()
 		i.created = true
 		i.mu.Unlock()
-		return fmt.Errorf("runsc %s: %v: %s", verb, err, hostproc.TailFile(i.logPath(), 2000))
+		detail := hostproc.TailFile(i.logPath(), 2000)
+		if ctx.Err() != nil {
+			detail = goroutineDump(i.logPath(), 4000)
+		}
+		return fmt.Errorf("runsc %s: %v: %s", verb, err, detail)
 	}
 	return nil
+}
+
+// quitGrace is how long runsc has to print its goroutines after SIGQUIT
+// before it is killed. A var for tests.
+var quitGrace = 2 * time.Second
+
+// goroutineDump returns the start of the last goroutine dump (Go's answer
+// to SIGQUIT) in the log at path, at most n bytes, or the log's tail when
+// there is none.
+func goroutineDump(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	i := bytes.LastIndex(b, []byte("SIGQUIT"))
+	if i < 0 {
+		return hostproc.TailFile(path, 2000)
+	}
+	b = b[i:]
+	if len(b) > n {
+		b = b[:n]
+	}
+	return string(b)
 }
 
 // Pause implements driver.Instance. One runsc call on the way; the state

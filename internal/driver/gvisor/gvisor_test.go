@@ -300,3 +300,39 @@ func TestExportFileLimitByBuild(t *testing.T) {
 		}
 	}
 }
+
+// A start that hangs past its context is not just killed: runsc is asked
+// for its goroutines first (SIGQUIT), and the error says where it waited.
+// runsc here is a wrapper whose `run` hangs and answers SIGQUIT as Go does.
+func TestStartTimeoutSaysWhere(t *testing.T) {
+	real := testenv.Runsc(t)
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "runsc")
+	script := "#!/bin/sh\n" +
+		"for a; do [ \"$a\" = run ] && { trap 'echo \"SIGQUIT: quit\"; echo \"goroutine 1 [select]:\"; echo main.waitForStart; exit 2' QUIT; sleep 60 & wait $!; exit 1; }; done\n" +
+		"exec " + real + " \"$@\"\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer gvisor.SetQuitGrace(5 * time.Second)()
+	d, err := gvisor.New(t.Context(), gvisor.Config{Runsc: fake, Root: filepath.Join(dir, "root"), GroupCPUShares: -1, Log: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := newSpec(dir, testenv.Base(t).Path, testenv.Agent(t))
+	inst, err := d.Create(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Destroy(context.Background())
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = inst.Start(ctx)
+	if err == nil || !strings.Contains(err.Error(), "goroutine 1 [select]:\nmain.waitForStart") {
+		t.Fatalf("Start past its context: %v", err)
+	}
+	if took := time.Since(start); took > 4*time.Second {
+		t.Errorf("Start took %v to give up (it answered SIGQUIT at once)", took)
+	}
+}
