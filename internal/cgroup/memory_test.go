@@ -18,31 +18,10 @@ import (
 // WatchMemory calls back once the usage reaches the threshold (the kernel
 // signals the crossing), and SetMemoryLimit moves the hard limit both ways.
 func TestWatchMemoryAndSetLimit(t *testing.T) {
-	needRoot(t)
-	if Unified() {
-		t.Skip("memory watch is cgroup v1 only (see ErrNoMemoryWatch); this host runs v2")
-	}
-	id := fmt.Sprintf("test-memwatch-%d", os.Getpid())
-	t.Cleanup(func() { _ = Remove(id) })
+	id := watchCgroup(t, "memwatch")
 	// Writes 128 MiB to a file (page cache, which must not count), then
-	// waits for a line on stdin, allocates 96 MiB, touches it and waits.
-	file := filepath.Join(t.TempDir(), "big")
-	cmd := exec.Command("python3", "-c", "import sys, time\nwith open(sys.argv[1], 'wb') as f:\n    [f.write(b'z' * (1 << 20)) for i in range(128)]\nprint('written', flush=True)\nsys.stdin.readline(); b = b'x' * (96 << 20); time.sleep(30)", file)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	if err := Place(id, cmd.Process.Pid, Limits{MemoryMB: 256}); err != nil {
-		t.Fatal(err)
-	}
+	// allocates 96 MiB, on command.
+	h := startHog(t, id, Limits{MemoryMB: 256})
 	d := filepath.Join(Root, "memory", Parent, id)
 	for _, mb := range []int64{384, 200} { // raise, then lower below the start
 		if err := SetMemoryLimit(id, mb<<20); err != nil {
@@ -64,10 +43,8 @@ func TestWatchMemoryAndSetLimit(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	line := make([]byte, 8)
-	if _, err := io.ReadFull(stdout, line); err != nil || string(line) != "written\n" {
-		t.Fatalf("writer: %q %v", line, err)
-	}
+	h.do("write", 128, 0)
+	h.done(t)
 	if u, _ := MemoryUsage(id); u < 64<<20 {
 		t.Logf("usage after writing the file only %d bytes (page cache written back?)", u)
 	}
@@ -76,9 +53,7 @@ func TestWatchMemoryAndSetLimit(t *testing.T) {
 		t.Fatalf("fired at a working set of %d bytes for page cache", u)
 	case <-time.After(300 * time.Millisecond):
 	}
-	if _, err := stdin.Write([]byte("go\n")); err != nil {
-		t.Fatal(err)
-	}
+	h.do("grow", 96, 0)
 	select {
 	case u := <-fired:
 		if u < 64<<20 {
@@ -264,13 +239,8 @@ func (h *hog) done(t *testing.T) int {
 // done the threshold rules again. The release is made slow on purpose
 // (gVisor's is 20-40 ms late); the host's limit must never be reached.
 func TestWatchMemoryFollowsRelease(t *testing.T) {
-	needRoot(t)
-	if Unified() {
-		t.Skip("memory watch is cgroup v1 only (see ErrNoMemoryWatch); this host runs v2")
-	}
 	const mib = 1 << 20
-	id := fmt.Sprintf("test-memrelease-%d", os.Getpid())
-	t.Cleanup(func() { _ = Remove(id) })
+	id := watchCgroup(t, "memrelease")
 	lim := Limits{MemoryMB: 256} // the host's limit; the watch's threshold is 128 MiB
 	// The hogs' pace is set by sleeps that a busy host stretches (the e2e
 	// suite runs beside this test): the release is followed as long as it
@@ -413,13 +383,8 @@ func rss(pid int) int64 {
 // second for as long as the cache stayed; and it still catches a process
 // that grows then, before the host's limit.
 func TestWatchMemoryPageCache(t *testing.T) {
-	needRoot(t)
-	if Unified() {
-		t.Skip("memory watch is cgroup v1 only (see ErrNoMemoryWatch); this host runs v2")
-	}
 	const mib = 1 << 20
-	id := fmt.Sprintf("test-memcache-%d", os.Getpid())
-	t.Cleanup(func() { _ = Remove(id) })
+	id := watchCgroup(t, "memcache")
 	h := startHog(t, id, Limits{MemoryMB: 256})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -466,10 +431,7 @@ func TestWatchMemoryPageCache(t *testing.T) {
 // A watch leaves nothing behind (its goroutines and eventfds) when its
 // context ends or its cgroup is removed.
 func TestWatchMemoryEnds(t *testing.T) {
-	needRoot(t)
-	if Unified() {
-		t.Skip("memory watch is cgroup v1 only (see ErrNoMemoryWatch); this host runs v2")
-	}
+	id := watchCgroup(t, "memends")
 	fds := func() int {
 		ents, _ := os.ReadDir("/proc/self/fd")
 		return len(ents)
@@ -485,7 +447,6 @@ func TestWatchMemoryEnds(t *testing.T) {
 		}
 	}
 	for _, end := range []string{"context", "cgroup removed"} {
-		id := fmt.Sprintf("test-memends-%d", os.Getpid())
 		cmd := exec.Command("sleep", "60")
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -513,4 +474,17 @@ func TestWatchMemoryEnds(t *testing.T) {
 		settled(end, goroutines, open)
 		cancel()
 	}
+}
+
+// watchCgroup is the id of a test cgroup for a memory watch, removed at the
+// end of the test; it skips the test where the watch is not implemented.
+func watchCgroup(t *testing.T, name string) string {
+	t.Helper()
+	needRoot(t)
+	if Unified() {
+		t.Skip("memory watch is cgroup v1 only (see ErrNoMemoryWatch); this host runs v2")
+	}
+	id := fmt.Sprintf("test-%s-%d", name, os.Getpid())
+	t.Cleanup(func() { _ = Remove(id) })
+	return id
 }

@@ -57,14 +57,14 @@ func (g *group) exec(query string, args ...any) (sql.Result, error) {
 	g.running = true
 	g.mu.Unlock()
 	if start {
-		go g.run(context.Background())
+		go g.run()
 	}
 	<-w.done
 	return w.res, w.err
 }
 
 // run commits groups until the queue is empty.
-func (g *group) run(ctx context.Context) {
+func (g *group) run() {
 	var retry []*groupWrite
 	for {
 		g.mu.Lock()
@@ -82,14 +82,16 @@ func (g *group) run(ctx context.Context) {
 			return
 		}
 		g.mu.Unlock()
-		retry = g.commit(ctx, batch)
+		retry = g.commit(batch)
 	}
 }
 
 // commit runs batch in one transaction and finishes its writes; it returns
 // the writes to run again: those of a transaction rolled back because
-// another write's statement failed.
-func (g *group) commit(ctx context.Context, batch []*groupWrite) (retry []*groupWrite) {
+// another write's statement failed. It runs on a background context: no
+// caller's end may cut a transaction that carries other callers' writes.
+func (g *group) commit(batch []*groupWrite) (retry []*groupWrite) {
+	ctx := context.Background()
 	results := make([]sql.Result, len(batch))
 	failed := -1
 	var stmtErr error
