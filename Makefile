@@ -20,7 +20,7 @@ LISTEN ?= 127.0.0.1:7070
 RUNSC  := $(CACHE)/runsc-$(RUNSC_BUILD)/runsc
 # mmdebstrap builds templates; QEMU, qemu-img, e2fsprogs and Debian's cloud
 # kernel serve the qemu driver (its tests run in `make test`).
-APT_PACKAGES := patch mmdebstrap ca-certificates qemu-system-x86 qemu-utils e2fsprogs linux-image-cloud-amd64
+APT_PACKAGES := patch python3 mmdebstrap ca-certificates qemu-system-x86 qemu-utils e2fsprogs linux-image-cloud-amd64
 GOTEST_FLAGS ?= -count=1 -timeout 45m
 
 .PHONY: all deps runsc build run test test-unit bench clean print-runsc-build
