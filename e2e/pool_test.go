@@ -91,9 +91,9 @@ func TestWarmPool(t *testing.T) {
 	// Its memory watch was registered while it waited in the pool (not
 	// at the claim): a process past the sandbox's memory is killed, not
 	// the sandbox.
-	if !strings.Contains(s.logText(), `sandbox created from the warm pool" sandbox=`+a.ID) {
-		t.Fatalf("%s was not served from the pool", a.ID)
-	}
+	waitFor(t, a.ID+" to be logged as served from the pool", 10*time.Second, func() bool {
+		return strings.Contains(s.logText(), `sandbox created from the warm pool" sandbox=`+a.ID)
+	})
 	var oom execResult
 	if code := s.do("POST", "/v1/sandboxes/"+a.ID+"/exec", s.key, map[string]any{"cmd": []string{"python3", "-c", "b'x' * (1 << 30)"}}, &oom); code != 200 || oom.ExitCode != 137 || oom.Error != "oom" {
 		t.Fatalf("allocating past a claimed sandbox's memory: %d %+v, want killed with error oom", code, oom)
@@ -201,5 +201,63 @@ func TestOrphanCgroupsRemovedAtStart(t *testing.T) {
 		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", c, "space", fresh)); err != nil {
 			t.Errorf("the fresh %s cgroup was removed: %v", c, err)
 		}
+	}
+}
+
+// poolReady reads space_pool_ready for a template (-1 when not reported).
+func poolReady(t *testing.T, s *server, template string) int {
+	resp, err := http.Get(s.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`space_pool_ready\{template="` + regexp.QuoteMeta(template) + `"\} (\d+)`).FindSubmatch(b)
+	if m == nil {
+		return -1
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
+}
+
+// TestWarmPoolPerTemplate: --pools keeps a warm pool of a template other
+// than the default; it waits until the template is built in this data
+// dir, then serves that template's creates, with that template's files,
+// while the default template's creates are served from their own pool.
+func TestWarmPoolPerTemplate(t *testing.T) {
+	s := startServer(t, "", "--pool-size", "1", "--pools", "python-data=1", "--snapshot-interval", "-1")
+	waitFor(t, "the base pool to fill", 90*time.Second, func() bool { return poolReady(t, s, "base") == 1 })
+	if !strings.Contains(s.logText(), `warm pool waits for its template: build it to start the pool" template=python-data`) {
+		t.Errorf("the server did not say that python-data's pool waits for its build")
+	}
+	if n := poolReady(t, s, "python-data"); n > 0 {
+		t.Fatalf("python-data's pool has %d ready before the template was built here", n)
+	}
+	s.buildTemplate("python-data")
+	waitFor(t, "the python-data pool to fill", 120*time.Second, func() bool { return poolReady(t, s, "python-data") == 1 })
+
+	for _, c := range []struct {
+		template, check string
+	}{
+		{"python-data", "python3 -c 'import pandas; print(\"pandas\")'"},
+		{"base", "python3 -c 'import pandas' 2>/dev/null || echo 'no pandas'"},
+	} {
+		var sb sandboxView
+		if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"template": c.template}, &sb); code != 201 {
+			t.Fatalf("create %s: %d", c.template, code)
+		}
+		if sb.Template != c.template {
+			t.Errorf("create of %s made a sandbox of %s", c.template, sb.Template)
+		}
+		// The server's log reaches the harness through a pipe, a moment
+		// after the answer.
+		waitFor(t, c.template+" sandbox "+sb.ID+" to be logged as served from its pool", 10*time.Second, func() bool {
+			return strings.Contains(s.logText(), `sandbox created from the warm pool" sandbox=`+sb.ID+` template=`+c.template)
+		})
+		want := map[string]string{"python-data": "pandas\n", "base": "no pandas\n"}[c.template]
+		if r := s.sh(sb.ID, c.check); r.Stdout != want {
+			t.Errorf("%s sandbox from the pool: %+v, want %q", c.template, r, want)
+		}
+		s.do("DELETE", "/v1/sandboxes/"+sb.ID, s.key, nil, nil)
 	}
 }

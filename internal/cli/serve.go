@@ -38,6 +38,7 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "max-timeout", env: "SPACE_MAX_TIMEOUT", usage: "largest sandbox timeout in seconds (default 86400)", num: &cfg.MaxTimeoutS},
 		{name: "pool-size", env: "SPACE_POOL_SIZE", usage: "warm sandboxes of the default template kept ready; -1 turns the pool off (default 2)", num: &cfg.PoolSize},
 		{name: "pool-drivers", env: "SPACE_POOL_DRIVERS", usage: "warm pools on more drivers, DRIVER=N[:MEMORY_MB],… e.g. qemu=2 (needs the driver in --drivers; QEMU pools refill by restoring a post-boot checkpoint; an entry for the default driver replaces --pool-size)", str: &cfg.PoolDrivers},
+		{name: "pools", env: "SPACE_POOLS", usage: "warm pools of any template, TEMPLATE[@DRIVER]=N[:MEMORY_MB],… e.g. python-data=2,base@qemu=1:512 (a template's pool starts once it is built; an entry replaces --pool-size or --pool-drivers for its template and driver)", str: &cfg.Pools},
 		{name: "team-max-sandboxes", env: "SPACE_TEAM_MAX_SANDBOXES", usage: "sandboxes a team may hold at once, running or paused, unless it has a quota of its own (default 0: no limit)", num: &cfg.TeamMaxSandboxes},
 		{name: "team-max-memory-mb", env: "SPACE_TEAM_MAX_MEMORY_MB", usage: "memory in MiB a team's sandboxes may hold together, unless it has a quota of its own (default 0: no limit)", num: &cfg.TeamMaxMemoryMB},
 		{name: "team-max-cpu", env: "SPACE_TEAM_MAX_CPU", usage: "CPUs a team's sandboxes may hold together, unless it has a quota of its own (default 0: no limit)", num: &cfg.TeamMaxCPU},
@@ -68,6 +69,9 @@ func (a *app) serveCommand() *cobra.Command {
 				return err
 			}
 			if _, err := server.ParsePoolDrivers(cfg.PoolDrivers); err != nil {
+				return err
+			}
+			if _, err := server.ParsePools(cfg.Pools); err != nil {
 				return err
 			}
 			cfg.Defaults()

@@ -27,8 +27,12 @@ const StatePooled = "pooled"
 
 // PoolConfig sizes the warm pools.
 type PoolConfig struct {
-	// Size is how many warm sandboxes of the default shape are kept
-	// ready (0: no pool).
+	// Template names the template the pool's sandboxes are made from
+	// (for its owner, which calls StartPool with that template's record;
+	// StartPool itself uses the record it is given).
+	Template string
+	// Size is how many warm sandboxes of the shape are kept ready (0: no
+	// pool).
 	Size int
 	// Max caps the adaptive target (default 4×Size).
 	Max int
@@ -76,9 +80,13 @@ type pool struct {
 	kick   chan struct{}
 	img    *poolImage // nil: the pool refills by booting
 	target atomic.Int64
-	// claims counts recent claims for the adaptive target.
+	// cancel stops fill, which closes done when it returned.
+	cancel context.CancelFunc
+	done   chan struct{}
+	// demand holds the times of recent creates of the pool's shape,
+	// served from it or not, for the adaptive target.
 	mu     sync.Mutex
-	claims []time.Time
+	demand []time.Time
 	boot   time.Duration // last boot time
 	// starved is set (by fill only) while the host is below its memory
 	// reserve, so the refusal is logged once.
@@ -101,9 +109,13 @@ func (ps *pools) get(k shape) *pool {
 	return ps.byKey[k]
 }
 
-// StartPool keeps cfg.Size warm sandboxes of the default template, driver
+// StartPool keeps cfg.Size warm sandboxes of template tpl, cfg's driver
 // and size, refilling in the background and growing the target with the
-// create rate. StopPools drains them.
+// create rate. Starting a pool that runs already does nothing; a pool of
+// the same template name and shape built from another digest (the
+// template was rebuilt from a new recipe) is retired: creates look for
+// the new digest, so its sandboxes would never be claimed. StopPools
+// drains them all.
 func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolConfig) {
 	if cfg.Size <= 0 {
 		return
@@ -132,7 +144,17 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 		ps.mu.Unlock()
 		return
 	}
-	p := &pool{s: s, shape: k, tpl: tpl, base: cfg.Size, max: cfg.Max, ready: make(chan *warm, cfg.Max), kick: make(chan struct{}, 1)}
+	for old, op := range ps.byKey {
+		if op.tpl.Name == tpl.Name && old.driver == k.driver && old.cpu == k.cpu && old.memoryMB == k.memoryMB {
+			delete(ps.byKey, old)
+			ps.wg.Go(func() { s.retirePool(op) })
+		}
+	}
+	pctx, cancel := context.WithCancel(s.poolCtx)
+	p := &pool{
+		s: s, shape: k, tpl: tpl, base: cfg.Size, max: cfg.Max, ready: make(chan *warm, cfg.Max), kick: make(chan struct{}, 1),
+		cancel: cancel, done: make(chan struct{}),
+	}
 	if cfg.FromImage {
 		_, canRestore := s.drivers[k.driver].(driver.Restorer)
 		if canRestore {
@@ -144,22 +166,23 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 	p.target.Store(int64(cfg.Size))
 	ps.byKey[k] = p
 	ps.mu.Unlock()
-	ps.wg.Add(1)
-	go func() {
-		defer ps.wg.Done()
-		p.fill(s.poolCtx)
-	}()
+	ps.wg.Go(func() {
+		defer close(p.done)
+		p.fill(pctx)
+	})
 	s.log.Info("warm pool started", "template", tpl.Name, "driver", k.driver, "size", cfg.Size, "max", cfg.Max, "memory_mb", k.memoryMB, "from_image", p.img != nil)
 }
 
 // take returns a warm sandbox, or nil when the pool is empty (the caller
-// then creates cold: a create never waits for the pool).
+// then creates cold: a create never waits for the pool). Either way the
+// create counts as demand: a burst that empties the pool grows its target
+// by all its creates, not only by those it could serve.
 func (p *pool) take() *warm {
+	p.mu.Lock()
+	p.demand = append(p.demand, time.Now())
+	p.mu.Unlock()
 	select {
 	case w := <-p.ready:
-		p.mu.Lock()
-		p.claims = append(p.claims, time.Now())
-		p.mu.Unlock()
 		select {
 		case p.kick <- struct{}{}:
 		default:
@@ -170,8 +193,8 @@ func (p *pool) take() *warm {
 	}
 }
 
-// adapt sets the target from the claims of the last 30 s: enough warm
-// sandboxes to cover the claims expected while one boots, twice over,
+// adapt sets the target from the creates of the last 30 s: enough warm
+// sandboxes to cover the creates expected while one boots, twice over,
 // rounded (rounded up, one claim in a quiet pool made it boot two
 // replacements for 30 s: ~0.5 s of CPU and a sandbox's memory for
 // nothing).
@@ -180,11 +203,11 @@ func (p *pool) adapt() {
 	defer p.mu.Unlock()
 	cut := time.Now().Add(-30 * time.Second)
 	i := 0
-	for i < len(p.claims) && p.claims[i].Before(cut) {
+	for i < len(p.demand) && p.demand[i].Before(cut) {
 		i++
 	}
-	p.claims = p.claims[i:]
-	rate := float64(len(p.claims)) / 30
+	p.demand = p.demand[i:]
+	rate := float64(len(p.demand)) / 30
 	want := p.base + int(math.Round(2*rate*p.boot.Seconds()))
 	p.target.Store(int64(min(max(want, p.base), p.max)))
 }
@@ -534,23 +557,38 @@ func (s *Service) StopPools() {
 	defer ps.mu.Unlock()
 	n := 0
 	for _, p := range ps.byKey {
-		if p.img != nil {
-			s.removePoolImage(p, p.img)
-		}
-		for {
-			select {
-			case w := <-p.ready:
-				s.discardWarm(w)
-				n++
-				continue
-			default:
-			}
-			break
-		}
+		n += s.drainPool(p)
 	}
 	// Whatever else is there (a temp dir of a build cut short).
 	_ = os.RemoveAll(s.poolImagesDir())
 	s.log.Info("warm pools drained", "destroyed", n)
+}
+
+// retirePool stops a pool that was replaced and destroys its warm
+// sandboxes, after its refill in flight (never cut short) ended.
+func (s *Service) retirePool(p *pool) {
+	p.cancel()
+	<-p.done
+	n := s.drainPool(p)
+	s.log.Info("warm pool retired: its template was rebuilt", "template", p.tpl.Name, "digest", p.tpl.Digest[:min(12, len(p.tpl.Digest))], "driver", p.shape.driver, "destroyed", n)
+}
+
+// drainPool destroys a stopped pool's warm sandboxes and its image,
+// returning how many sandboxes it destroyed.
+func (s *Service) drainPool(p *pool) int {
+	if p.img != nil {
+		s.removePoolImage(p, p.img)
+	}
+	n := 0
+	for {
+		select {
+		case w := <-p.ready:
+			s.discardWarm(w)
+			n++
+		default:
+			return n
+		}
+	}
 }
 
 // PoolReady reports how many warm sandboxes are ready, per template name.

@@ -73,9 +73,9 @@ func TestAdaptTarget(t *testing.T) {
 	} {
 		p := &pool{base: 2, max: 8, boot: c.boot}
 		for i := 0; i < c.claims; i++ {
-			p.claims = append(p.claims, now.Add(-time.Duration(c.claims-i)*100*time.Millisecond))
+			p.demand = append(p.demand, now.Add(-time.Duration(c.claims-i)*100*time.Millisecond))
 		}
-		p.claims = append([]time.Time{now.Add(-time.Minute)}, p.claims...) // too old to count
+		p.demand = append([]time.Time{now.Add(-time.Minute)}, p.demand...) // too old to count
 		p.adapt()
 		if got := p.target.Load(); got != c.want {
 			t.Errorf("%d claims, boot %v: target %d, want %d", c.claims, c.boot, got, c.want)

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/spacesandbox/space/internal/template"
 )
 
 // Config is everything `space serve` is told by flags and SPACE_* variables.
@@ -36,6 +38,11 @@ type Config struct {
 	// ParsePoolDrivers). An entry for the default driver replaces
 	// --pool-size for it.
 	PoolDrivers string
+	// Pools keeps warm pools of any template: "python-data=2" or
+	// "base@qemu=1:512" (TEMPLATE[@DRIVER]=N[:MEMORY_MB], comma-separated;
+	// --pools, SPACE_POOLS; see ParsePools). An entry replaces what
+	// --pool-size and --pool-drivers say for the same template and driver.
+	Pools string
 	// Admission. A team without a quota of its own (PUT
 	// /v1/teams/{team}/quota) gets these; 0 is no limit.
 	TeamMaxSandboxes  int // --team-max-sandboxes: sandboxes held at once, running or paused (default 0: none)
@@ -164,26 +171,59 @@ const (
 	ServeFile = "serve.json" // {"url": "http://127.0.0.1:7070"} while the server runs
 )
 
-// PoolSpec is one entry of --pool-drivers.
+// PoolSpec is one entry of --pool-drivers or --pools.
 type PoolSpec struct {
-	Driver   string
-	Size     int // warm sandboxes kept ready (0: none)
-	MemoryMB int // their memory (0: a create's default)
+	Template string // "": the default template (--pool-drivers)
+	Driver   string // "": the default driver (--pools without @DRIVER)
+	Size     int    // warm sandboxes kept ready (0: none)
+	MemoryMB int    // their memory (0: a create's default)
 }
 
-// MaxPoolSize caps one --pool-drivers entry.
+// MaxPoolSize caps one --pool-drivers or --pools entry.
 const MaxPoolSize = 64
 
 // ParsePoolDrivers parses --pool-drivers: DRIVER=N[:MEMORY_MB],… with a
 // known driver name at most once, 0 ≤ N ≤ MaxPoolSize and, when given,
 // MEMORY_MB ≥ 128 (what a VM needs). Empty: no entries.
 func ParsePoolDrivers(v string) ([]PoolSpec, error) {
+	return parsePools("--pool-drivers", "DRIVER", "e.g. qemu=2", v, func(name string) (PoolSpec, error) {
+		if !knownDrivers[name] {
+			return PoolSpec{}, fmt.Errorf("unknown driver %q (known: gvisor, qemu, firecracker)", name)
+		}
+		return PoolSpec{Driver: name}, nil
+	})
+}
+
+// ParsePools parses --pools: TEMPLATE[@DRIVER]=N[:MEMORY_MB],… where
+// TEMPLATE is a built-in template and DRIVER a known driver (the default
+// driver without it), each TEMPLATE[@DRIVER] at most once, and N and
+// MEMORY_MB as for --pool-drivers. Empty: no entries.
+func ParsePools(v string) ([]PoolSpec, error) {
+	return parsePools("--pools", "TEMPLATE[@DRIVER]", "e.g. python-data=2,base@qemu=1:512", v, func(name string) (PoolSpec, error) {
+		tpl, drv, withDriver := strings.Cut(name, "@")
+		if _, err := template.Builtin(tpl); err != nil {
+			known := []string{}
+			for _, r := range template.Builtins() {
+				known = append(known, r.Name)
+			}
+			return PoolSpec{}, fmt.Errorf("unknown template %q (known: %s)", tpl, strings.Join(known, ", "))
+		}
+		if withDriver && !knownDrivers[drv] {
+			return PoolSpec{}, fmt.Errorf("unknown driver %q (known: gvisor, qemu, firecracker)", drv)
+		}
+		return PoolSpec{Template: tpl, Driver: drv}, nil
+	})
+}
+
+// parsePools parses NAME=N[:MEMORY_MB],… entries; spec turns a NAME into
+// the entry's template and driver.
+func parsePools(flag, nameForm, example, v string, spec func(name string) (PoolSpec, error)) ([]PoolSpec, error) {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return nil, nil
 	}
 	bad := func(entry, format string, args ...any) error {
-		return fmt.Errorf("--pool-drivers %q: %s (want DRIVER=N[:MEMORY_MB],…, e.g. qemu=2)", entry, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%s %q: %s (want %s=N[:MEMORY_MB],…, %s)", flag, entry, fmt.Sprintf(format, args...), nameForm, example)
 	}
 	var out []PoolSpec
 	seen := map[string]bool{}
@@ -192,27 +232,26 @@ func ParsePoolDrivers(v string) ([]PoolSpec, error) {
 		name, rest, ok := strings.Cut(entry, "=")
 		name = strings.TrimSpace(name)
 		if !ok || name == "" {
-			return nil, bad(entry, "no DRIVER=N")
+			return nil, bad(entry, "no %s=N", nameForm)
 		}
-		if !knownDrivers[name] {
-			return nil, bad(entry, "unknown driver %q (known: gvisor, qemu, firecracker)", name)
+		ps, err := spec(name)
+		if err != nil {
+			return nil, bad(entry, "%v", err)
 		}
 		if seen[name] {
-			return nil, bad(entry, "driver %s given twice", name)
+			return nil, bad(entry, "%s given twice", name)
 		}
 		seen[name] = true
 		sizeS, memS, hasMem := strings.Cut(rest, ":")
-		size, err := strconv.Atoi(strings.TrimSpace(sizeS))
-		if err != nil || size < 0 || size > MaxPoolSize {
+		if ps.Size, err = strconv.Atoi(strings.TrimSpace(sizeS)); err != nil || ps.Size < 0 || ps.Size > MaxPoolSize {
 			return nil, bad(entry, "size must be a number from 0 to %d", MaxPoolSize)
 		}
-		spec := PoolSpec{Driver: name, Size: size}
 		if hasMem {
-			if spec.MemoryMB, err = strconv.Atoi(strings.TrimSpace(memS)); err != nil || spec.MemoryMB < 128 {
+			if ps.MemoryMB, err = strconv.Atoi(strings.TrimSpace(memS)); err != nil || ps.MemoryMB < 128 {
 				return nil, bad(entry, "memory must be a number of MiB, at least 128")
 			}
 		}
-		out = append(out, spec)
+		out = append(out, ps)
 	}
 	return out, nil
 }

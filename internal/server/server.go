@@ -5,6 +5,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,7 +44,11 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg.Defaults()
 	log := newLogger(cfg)
 	slog.SetDefault(log)
-	poolSpecs, err := ParsePoolDrivers(cfg.PoolDrivers)
+	driverPools, err := ParsePoolDrivers(cfg.PoolDrivers)
+	if err != nil {
+		return err
+	}
+	templatePools, err := ParsePools(cfg.Pools)
 	if err != nil {
 		return err
 	}
@@ -112,10 +117,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if !names[cfg.Driver] {
 		return fmt.Errorf("--driver %s is not among --drivers %s", cfg.Driver, enabled)
 	}
-	pools := poolConfigs(cfg, poolSpecs)
+	pools, err := poolConfigs(cfg, driverPools, templatePools)
+	if err != nil {
+		return err
+	}
 	for _, p := range pools {
 		if !names[p.Driver] {
-			return fmt.Errorf("--pool-drivers: driver %s is not among --drivers %s", p.Driver, enabled)
+			return fmt.Errorf("warm pool of %s on %s: driver %s is not among --drivers %s", p.Template, p.Driver, p.Driver, enabled)
 		}
 	}
 	vmCache := filepath.Join(cfg.CacheDir, "vm")
@@ -213,17 +221,30 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() {
 		defer wg.Done()
 		health.ensureTemplate(bg, tpls, cfg.DefaultTemplate, log)
-		if len(pools) > 0 {
-			tpl, err := st.GetTemplate(bg, cfg.DefaultTemplate)
-			if err != nil || tpl.Status != store.TemplateReady {
-				log.Warn("no warm pool: default template not ready", "err", err)
-			} else {
-				for _, p := range pools {
-					svc.StartPool(bg, tpl, p)
-				}
+	}()
+	// Warm pools start when their template is ready: the default one once
+	// ensureTemplate built it, others at once when this data dir has them,
+	// else when an admin builds them (POST /v1/templates/{name}/build),
+	// and again (on its new digest) when one is rebuilt.
+	tpls.ready = func(tpl store.Template) {
+		for _, p := range pools {
+			if p.Template == tpl.Name {
+				svc.StartPool(bg, tpl, p)
 			}
 		}
-	}()
+	}
+	started := map[string]bool{cfg.DefaultTemplate: true}
+	for _, p := range pools {
+		if started[p.Template] {
+			continue
+		}
+		started[p.Template] = true
+		if tpl, err := st.GetTemplate(ctx, p.Template); err == nil && tpl.Status == store.TemplateReady {
+			tpls.ready(tpl)
+		} else {
+			log.Warn("warm pool waits for its template: build it to start the pool", "template", p.Template, "build", "space template build "+p.Template)
+		}
+	}
 	go func() {
 		defer wg.Done()
 		svc.Reap(bg, time.Second)
@@ -368,20 +389,50 @@ func (h *health) ensureTemplate(ctx context.Context, t *templates, name string, 
 }
 
 // poolConfigs are the warm pools to keep: --pool-size of the default
-// driver, unless --pool-drivers names it, and every --pool-drivers entry.
-func poolConfigs(cfg Config, specs []PoolSpec) []sandbox.PoolConfig {
+// template on the default driver, then every --pool-drivers entry (the
+// default template on that driver), then every --pools entry, each
+// replacing what came before for its template and driver (a size of 0
+// removes it). Errors: a --pools template and driver given twice (once
+// with the default driver named, once without).
+func poolConfigs(cfg Config, driverPools, templatePools []PoolSpec) ([]sandbox.PoolConfig, error) {
+	type key struct{ template, driver string }
+	var order []key
+	byKey := map[key]PoolSpec{}
+	set := func(p PoolSpec) {
+		if p.Template == "" {
+			p.Template = cfg.DefaultTemplate
+		}
+		if p.Driver == "" {
+			p.Driver = cfg.Driver
+		}
+		k := key{p.Template, p.Driver}
+		if _, ok := byKey[k]; !ok {
+			order = append(order, k)
+		}
+		byKey[k] = p
+	}
+	if cfg.PoolSize > 0 {
+		set(PoolSpec{Size: cfg.PoolSize})
+	}
+	for _, p := range driverPools {
+		set(p)
+	}
+	seen := map[key]bool{}
+	for _, p := range templatePools {
+		k := key{p.Template, cmp.Or(p.Driver, cfg.Driver)}
+		if seen[k] {
+			return nil, fmt.Errorf("--pools: template %s on driver %s given twice", k.template, k.driver)
+		}
+		seen[k] = true
+		set(p)
+	}
 	var out []sandbox.PoolConfig
-	named := false
-	for _, p := range specs {
-		named = named || p.Driver == cfg.Driver
-		if p.Size > 0 {
-			out = append(out, sandbox.PoolConfig{Size: p.Size, Driver: p.Driver, MemoryMB: p.MemoryMB, FromImage: refillsFromImage(p.Driver)})
+	for _, k := range order {
+		if p := byKey[k]; p.Size > 0 {
+			out = append(out, sandbox.PoolConfig{Template: p.Template, Size: p.Size, Driver: p.Driver, MemoryMB: p.MemoryMB, FromImage: refillsFromImage(p.Driver)})
 		}
 	}
-	if !named && cfg.PoolSize > 0 {
-		out = append([]sandbox.PoolConfig{{Size: cfg.PoolSize, Driver: cfg.Driver, FromImage: refillsFromImage(cfg.Driver)}}, out...)
-	}
-	return out
+	return out, nil
 }
 
 // refillsFromImage says whether a driver's pools refill by restoring a

@@ -18,6 +18,10 @@ type templates struct {
 	builder *template.Builder
 	log     *slog.Logger
 	mu      sync.Mutex // one build per server at a time; the builder locks across processes
+	// ready, when set (before the server serves), is called with the
+	// record of every template a Build found or made ready (warm pools
+	// start or follow a rebuild).
+	ready func(store.Template)
 }
 
 // List returns the built templates and, for built-in recipes not built yet,
@@ -52,6 +56,7 @@ func (t *templates) Build(ctx context.Context, name string, progress func(string
 	if cur, err := t.store.GetTemplate(ctx, name); err == nil && cur.Status == store.TemplateReady && cur.Digest == r.Digest() {
 		if _, err := t.builder.Lookup(r.Digest()); err == nil {
 			progress("template " + name + " is up to date (" + r.Digest()[:12] + ")")
+			t.announce(cur)
 			return cur, nil
 		}
 	}
@@ -73,5 +78,12 @@ func (t *templates) Build(ctx context.Context, name string, progress func(string
 	if err := t.store.PutTemplate(ctx, rec); err != nil {
 		return store.Template{}, err
 	}
+	t.announce(rec)
 	return rec, nil
+}
+
+func (t *templates) announce(rec store.Template) {
+	if t.ready != nil {
+		t.ready(rec)
+	}
 }

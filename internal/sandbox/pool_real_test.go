@@ -1,0 +1,163 @@
+package sandbox
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/driver/gvisor"
+	"github.com/spacesandbox/space/internal/store"
+	"github.com/spacesandbox/space/internal/testenv"
+)
+
+// realService is a Service on the real gVisor driver with a store file of
+// its own, the built base template recorded as "base". Its sandboxes are
+// destroyed and its pools drained when the test ends.
+func realService(t *testing.T) (*Service, *store.Store, store.Template) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts gVisor sandboxes")
+	}
+	runsc, agentPath, base := testenv.Runsc(t), testenv.Agent(t), testenv.Base(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := store.Open(ctx, filepath.Join(dir, "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	d, err := gvisor.New(ctx, gvisor.Config{Runsc: runsc, Root: filepath.Join(dir, "runsc"), Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := New(Config{DataDir: dir, AgentPath: agentPath, DefaultDriver: gvisor.Name, DefaultTemplate: "base"},
+		st, []driver.Driver{d}, log, NewMetrics(prometheus.NewRegistry(), st.CountSandboxesByState))
+	tpl := store.Template{Name: "base", Digest: base.Digest, Path: base.Path, Kind: string(base.Kind), Status: store.TemplateReady, BuiltAt: base.BuiltAt}
+	if err := st.PutTemplate(ctx, tpl); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		svc.StopPools()
+		all, _, _ := st.ListSandboxes(context.Background(), store.SandboxFilter{Limit: store.MaxListLimit})
+		for _, sb := range all {
+			_ = svc.Kill(context.Background(), Caller{Admin: true}, sb.ID)
+		}
+		svc.Shutdown()
+		st.Close()
+	})
+	return svc, st, tpl
+}
+
+// pooledIDs returns the ids of the pooled sandboxes recorded, by template
+// digest.
+func pooledIDs(t *testing.T, st *store.Store) map[string]string {
+	t.Helper()
+	sbs, _, err := st.ListSandboxes(context.Background(), store.SandboxFilter{States: []string{StatePooled}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, sb := range sbs {
+		out[sb.ID] = sb.TemplateDigest
+	}
+	return out
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestPoolFollowsTemplateRebuild: a template rebuilt from a new recipe (a
+// new digest under the same name) retires the pool of the old digest
+// (its warm sandboxes destroyed: creates look for the new digest and
+// would never claim them) and a pool of the new digest serves creates;
+// starting a running pool again changes nothing; a template without a
+// pool is created cold and never takes another template's warm sandbox.
+func TestPoolFollowsTemplateRebuild(t *testing.T) {
+	svc, st, v1 := realService(t)
+	ctx := context.Background()
+	cfg := PoolConfig{Template: "base", Size: 1}
+	svc.StartPool(ctx, v1, cfg)
+	waitUntil(t, "the first pool to fill", func() bool { return svc.PoolReady()["base"] == 1 })
+	old := pooledIDs(t, st)
+	if len(old) != 1 {
+		t.Fatalf("pooled sandboxes after the first fill: %v, want one", old)
+	}
+	var oldID string
+	for id := range old {
+		oldID = id
+	}
+
+	// Another template (here the same files under another name and
+	// digest) has no pool: its create is cold and leaves base's warm
+	// sandbox in the pool.
+	other := v1
+	other.Name, other.Digest = "other", "sha256:"+v1.Digest[len(v1.Digest)-8:]+"-other"
+	if err := st.PutTemplate(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := svc.Create(ctx, Caller{Team: "t"}, CreateRequest{Template: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.ID == oldID || sb.TemplateDigest != other.Digest {
+		t.Fatalf("create of template other got %s (digest %s); want a cold sandbox of its own digest", sb.ID, sb.TemplateDigest)
+	}
+	if n := svc.PoolReady()["base"]; n != 1 {
+		t.Fatalf("base pool after another template's create: %d ready, want 1", n)
+	}
+
+	// The rebuild: same name, new digest.
+	v2 := v1
+	v2.Digest = "sha256:" + v1.Digest[len(v1.Digest)-8:] + "-rebuilt"
+	if err := st.PutTemplate(ctx, v2); err != nil {
+		t.Fatal(err)
+	}
+	svc.StartPool(ctx, v2, cfg)
+	waitUntil(t, "the old pool's sandbox to be destroyed and the new pool to fill", func() bool {
+		now := pooledIDs(t, st)
+		_, stale := now[oldID]
+		return !stale && len(now) == 1 && svc.PoolReady()["base"] == 1
+	})
+	if _, err := os.Stat(filepath.Join(svc.cfg.DataDir, "sandboxes", oldID)); !os.IsNotExist(err) {
+		t.Errorf("retired warm sandbox %s left its state dir: %v", oldID, err)
+	}
+	var newID string
+	for id, digest := range pooledIDs(t, st) {
+		if digest != v2.Digest {
+			t.Fatalf("pooled sandbox %s has digest %s, want the rebuilt %s", id, digest, v2.Digest)
+		}
+		newID = id
+	}
+	svc.StartPool(ctx, v2, cfg) // running already: nothing happens
+	time.Sleep(200 * time.Millisecond)
+	if now := pooledIDs(t, st); len(now) != 1 || now[newID] == "" {
+		t.Fatalf("starting a running pool again changed it: %v", now)
+	}
+
+	claimed, err := svc.Create(ctx, Caller{Team: "t"}, CreateRequest{Template: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claimed.ID != newID || claimed.TemplateDigest != v2.Digest {
+		t.Fatalf("create of base got %s (digest %s), want the rebuilt pool's %s", claimed.ID, claimed.TemplateDigest, newID)
+	}
+	for _, id := range []string{sb.ID, claimed.ID} {
+		if pid, err := svc.Exec(ctx, Caller{Team: "t"}, id, ExecRequest{Cmd: []string{"true"}}); err != nil || pid <= 0 {
+			t.Errorf("exec in %s: pid %d, %v", id, pid, err)
+		}
+	}
+}
