@@ -33,6 +33,15 @@ func sharedServer(t *testing.T) *server {
 		shared = startServer(&keepAlive{t}, "", sharedServerDrivers()...)
 	}
 	shared.t = t
+	// A failed test gets what the shared server logged while it ran: the
+	// tail printed at the end of the run is mostly later tests'.
+	from := len(shared.logText())
+	t.Cleanup(func() {
+		if t.Failed() {
+			text := shared.logText()
+			t.Logf("shared server log during %s:\n%s", t.Name(), tail(text[min(from, len(text)):], 12000))
+		}
+	})
 	return shared
 }
 
