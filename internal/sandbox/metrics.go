@@ -18,6 +18,9 @@ type Metrics struct {
 	// PoolImage counts pool image events: "built", "build_failed",
 	// "restore_failed" (the pool then refills by booting), "removed".
 	PoolImage *prometheus.CounterVec
+	// PoolShrinks counts warm sandboxes a pool destroyed because its
+	// create rate fell (it had held more than its target for a while).
+	PoolShrinks *prometheus.CounterVec
 	// OOMKills counts processes the agent killed because their sandbox
 	// reached its memory (driver.MemoryWatcher).
 	OOMKills prometheus.Counter
@@ -52,6 +55,9 @@ func NewMetrics(reg prometheus.Registerer, counts func(context.Context) (map[str
 		PoolImage: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "space", Name: "pool_image_events_total", Help: "Pool restore images built, failed to build, failed to restore, removed.",
 		}, []string{"driver", "event"}),
+		PoolShrinks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "space", Name: "pool_shrinks_total", Help: "Warm sandboxes destroyed because their pool's create rate fell.",
+		}, []string{"driver"}),
 		OOMKills: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "space", Name: "sandbox_oom_kills_total", Help: "Processes killed because their sandbox reached its memory (the sandbox lives on).",
 		}),
@@ -62,7 +68,7 @@ func NewMetrics(reg prometheus.Registerer, counts func(context.Context) (map[str
 			Namespace: "space", Name: "snapshots_refused_total", Help: "Snapshots refused by a team's snapshot quota (team) or the disk reserve (disk).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency, m.PoolRefills, m.PoolImage, m.OOMKills, m.CreatesRefused, m.SnapshotsRefused)
+	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency, m.PoolRefills, m.PoolImage, m.PoolShrinks, m.OOMKills, m.CreatesRefused, m.SnapshotsRefused)
 	if counts != nil {
 		reg.MustRegister(&stateCollector{counts: counts, desc: prometheus.NewDesc("space_sandboxes", "Sandboxes by state.", []string{"state"}, nil)})
 	}

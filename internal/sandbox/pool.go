@@ -219,8 +219,12 @@ func (p *pool) fill(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	failures := 0
+	var over time.Time // since when the pool holds more than its target
 	for ctx.Err() == nil {
 		p.adapt()
+		if p.shrink(&over) {
+			continue
+		}
 		if int64(len(p.ready)) < p.target.Load() {
 			start := time.Now()
 			// A boot is never cut short (killing runsc mid-start can
@@ -288,6 +292,37 @@ func (p *pool) fill(ctx context.Context) {
 		case <-p.kick:
 		case <-t.C:
 		}
+	}
+}
+
+// shrink gives back what a burst grew: once the pool has held more warm
+// sandboxes than its target for poolShrinkAfter, it destroys the one
+// waiting longest, one per call (fill calls it every second at most), and
+// reports whether it did. over is when the pool went above its target
+// (zero while it is not).
+func (p *pool) shrink(over *time.Time) bool {
+	target := p.target.Load()
+	if int64(len(p.ready)) <= target {
+		*over = time.Time{}
+		return false
+	}
+	now := time.Now()
+	if over.IsZero() {
+		*over = now
+	}
+	if now.Sub(*over) < poolShrinkAfter {
+		return false
+	}
+	select {
+	case w := <-p.ready:
+		p.s.discardWarm(w)
+		if p.s.metrics != nil {
+			p.s.metrics.PoolShrinks.WithLabelValues(p.shape.driver).Inc()
+		}
+		p.s.log.Info("warm pool shrank: its create rate fell", "template", p.tpl.Name, "driver", p.shape.driver, "destroyed", w.sb.ID, "ready", len(p.ready), "target", target)
+		return true
+	default: // claimed meanwhile
+		return false
 	}
 }
 
@@ -514,6 +549,10 @@ var (
 	// refillQuiet is how long no request must have reached a sandbox
 	// before a refill that is not urgent (the pool is not empty) boots.
 	refillQuiet = 150 * time.Millisecond
+	// poolShrinkAfter is how long a pool holds more warm sandboxes than
+	// its target (its create rate fell) before it destroys the extra ones,
+	// one a second: a lull shorter than this keeps them for the next burst.
+	poolShrinkAfter = time.Minute
 )
 
 // afterBurst returns once no create is in flight and none ended in the

@@ -161,3 +161,50 @@ func TestPoolFollowsTemplateRebuild(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolShrinksAfterBurst: a pool that grew with its create rate gives
+// the extra warm sandboxes back once the rate fell and it held them for
+// poolShrinkAfter (here shortened), down to its base size, destroying
+// them; it keeps its base.
+func TestPoolShrinksAfterBurst(t *testing.T) {
+	svc, st, tpl := realService(t)
+	defer func(d time.Duration) { poolShrinkAfter = d }(poolShrinkAfter)
+	poolShrinkAfter = 500 * time.Millisecond
+	ctx := context.Background()
+	svc.StartPool(ctx, tpl, PoolConfig{Template: "base", Size: 1, Max: 3})
+	waitUntil(t, "the pool to fill", func() bool { return svc.PoolReady()["base"] == 1 })
+	var p *pool
+	svc.pools.mu.Lock()
+	for _, q := range svc.pools.byKey {
+		p = q
+	}
+	svc.pools.mu.Unlock()
+	// A burst of creates the pool could not serve (10 a second over the
+	// last 30 s) raises the target to the maximum.
+	p.mu.Lock()
+	for i := 0; i < 300; i++ {
+		p.demand = append(p.demand, time.Now())
+	}
+	p.mu.Unlock()
+	waitUntil(t, "the pool to grow to its maximum", func() bool { return svc.PoolReady()["base"] == 3 })
+	grown := pooledIDs(t, st)
+
+	// The burst is over: the target falls back to the base size, and
+	// after poolShrinkAfter the pool destroys the two that waited longest.
+	p.mu.Lock()
+	p.demand = nil
+	p.mu.Unlock()
+	waitUntil(t, "the pool to shrink to its base", func() bool { return len(pooledIDs(t, st)) == 1 && svc.PoolReady()["base"] == 1 })
+	for id := range grown {
+		if _, kept := pooledIDs(t, st)[id]; kept {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(svc.cfg.DataDir, "sandboxes", id)); !os.IsNotExist(err) {
+			t.Errorf("warm sandbox %s given back left its state dir: %v", id, err)
+		}
+	}
+	time.Sleep(2 * poolShrinkAfter)
+	if n := svc.PoolReady()["base"]; n != 1 {
+		t.Errorf("pool at its base went on shrinking: %d ready", n)
+	}
+}
