@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -235,6 +236,33 @@ func TestWarmPoolPerTemplate(t *testing.T) {
 	}
 	s.buildTemplate("python-data")
 	waitFor(t, "the python-data pool to fill", 120*time.Second, func() bool { return poolReady(t, s, "python-data") == 1 })
+
+	// Operators see them: GET /v1/pools (admin only) and `space pools`.
+	var pools struct {
+		Pools []struct {
+			Template, Driver         string
+			Size, Max, Target, Ready int
+			MemoryMB                 int `json:"memory_mb"`
+		}
+	}
+	if code := s.do("GET", "/v1/pools", s.key, nil, &pools); code != 200 || len(pools.Pools) != 2 {
+		t.Fatalf("GET /v1/pools: %d %+v, want the two pools", code, pools)
+	}
+	for i, want := range []string{"base", "python-data"} {
+		p := pools.Pools[i]
+		if p.Template != want || p.Driver != "gvisor" || p.Size != 1 || p.Max != 4 || p.Ready != 1 || p.Target != 1 || p.MemoryMB != 512 {
+			t.Errorf("pool %d: %+v, want %s on gvisor with 1 of 1 ready", i, p, want)
+		}
+	}
+	if code := s.do("GET", "/v1/pools", s.teamKey("pool-viewer"), nil, nil); code != 403 {
+		t.Errorf("GET /v1/pools with a team's key: %d, want 403", code)
+	}
+	cmd := exec.Command(spaceBin(t), "pools")
+	cmd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+s.key)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !regexp.MustCompile(`(?m)^python-data\s+gvisor\s+1\s+512 MiB\s+1\s+1\s+1\s+4\s+boot$`).Match(out) {
+		t.Errorf("space pools: %v\n%s", err, out)
+	}
 
 	for _, c := range []struct {
 		template, check string

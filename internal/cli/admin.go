@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"runtime/debug"
+	"strconv"
 
 	space "github.com/spacesandbox/space/sdk/go"
 	"github.com/spf13/cobra"
@@ -49,6 +50,34 @@ func (a *app) healthCommand() *cobra.Command {
 			}
 			fmt.Fprintln(a.stdout, h.Status)
 			return nil
+		},
+	}
+}
+
+func (a *app) poolsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "pools",
+		Short: "Show the warm pools: sandboxes started ahead of demand (admin)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			ps, err := c.Pools(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := newTable(a.stdout, "TEMPLATE", "DRIVER", "CPU", "MEMORY", "READY", "TARGET", "SIZE", "MAX", "REFILL")
+			for _, p := range ps {
+				refill := "boot"
+				if p.FromImage {
+					refill = "restore"
+				}
+				row(tw, p.Template, p.Driver, strconv.Itoa(p.CPU), strconv.Itoa(p.MemoryMB)+" MiB", strconv.Itoa(p.Ready),
+					strconv.Itoa(p.Target), strconv.Itoa(p.Size), strconv.Itoa(p.Max), refill)
+			}
+			return tw.Flush()
 		},
 	}
 }

@@ -108,6 +108,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.ptyCommand(),
 		a.forwardCommand(),
 		a.templateCommand(),
+		a.poolsCommand(),
 		a.keysCommand(),
 		a.quotaCommand(),
 		a.networkCommand(),

@@ -140,6 +140,15 @@ func (a *API) listTemplates(w http.ResponseWriter, r *http.Request, c sandbox.Ca
 	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
 }
 
+// listPools shows the warm pools (admin: pools serve every team).
+func (a *API) listPools(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	if err := requireAdmin(c); err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"pools": a.svc.Pools()})
+}
+
 // buildTemplate builds (or finds cached) a template and streams progress
 // lines as SSE.
 func (a *API) buildTemplate(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {

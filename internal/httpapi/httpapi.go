@@ -132,6 +132,7 @@ func New(cfg Config) *API {
 	}
 	auth("GET /v1/templates", a.listTemplates)
 	auth("POST /v1/templates/{name}/build", a.buildTemplate)
+	auth("GET /v1/pools", a.listPools)
 	auth("POST /v1/keys", a.createKey)
 	auth("GET /v1/keys", a.listKeys)
 	auth("DELETE /v1/keys/{id}", a.deleteKey)

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"math"
 	"os"
 	"strconv"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -628,6 +630,44 @@ func (s *Service) drainPool(p *pool) int {
 			return n
 		}
 	}
+}
+
+// PoolStatus is one warm pool as an operator sees it.
+type PoolStatus struct {
+	Template  string `json:"template"`
+	Digest    string `json:"digest"`
+	Driver    string `json:"driver"`
+	CPU       int    `json:"cpu"`
+	MemoryMB  int    `json:"memory_mb"`
+	Size      int    `json:"size"`       // the base size it was started with
+	Max       int    `json:"max"`        // the most its target grows to
+	Target    int    `json:"target"`     // what it refills to now (size plus the create rate's share)
+	Ready     int    `json:"ready"`      // warm sandboxes waiting for a create
+	FromImage bool   `json:"from_image"` // refills by restoring a post-boot checkpoint
+}
+
+// Pools reports the running warm pools, by template, driver, CPUs and
+// memory.
+func (s *Service) Pools() []PoolStatus {
+	out := []PoolStatus{}
+	s.poolsMu.Lock()
+	ps := s.pools
+	s.poolsMu.Unlock()
+	if ps == nil {
+		return out
+	}
+	ps.mu.Lock()
+	for k, p := range ps.byKey {
+		out = append(out, PoolStatus{
+			Template: p.tpl.Name, Digest: k.digest, Driver: k.driver, CPU: k.cpu, MemoryMB: k.memoryMB,
+			Size: p.base, Max: p.max, Target: int(p.target.Load()), Ready: len(p.ready), FromImage: p.img != nil,
+		})
+	}
+	ps.mu.Unlock()
+	slices.SortFunc(out, func(a, b PoolStatus) int {
+		return cmp.Or(cmp.Compare(a.Template, b.Template), cmp.Compare(a.Driver, b.Driver), cmp.Compare(a.CPU, b.CPU), cmp.Compare(a.MemoryMB, b.MemoryMB))
+	})
+	return out
 }
 
 // PoolReady reports how many warm sandboxes are ready, per template name.

@@ -32,6 +32,32 @@ func (c *Client) Templates(ctx context.Context) ([]Template, error) {
 	return out.Templates, nil
 }
 
+// Pool is a warm pool: sandboxes of one template and shape started ahead
+// of demand, handed to creates of that shape.
+type Pool struct {
+	Template  string `json:"template"`
+	Digest    string `json:"digest"` // the template build its sandboxes are made from
+	Driver    string `json:"driver"`
+	CPU       int    `json:"cpu"`
+	MemoryMB  int    `json:"memory_mb"`
+	Size      int    `json:"size"`       // the base size it keeps ready
+	Max       int    `json:"max"`        // the most its target grows to
+	Target    int    `json:"target"`     // what it refills to now
+	Ready     int    `json:"ready"`      // warm sandboxes waiting for a create
+	FromImage bool   `json:"from_image"` // refills by restoring a post-boot checkpoint
+}
+
+// Pools (admin) lists the server's running warm pools.
+func (c *Client) Pools(ctx context.Context) ([]Pool, error) {
+	var out struct {
+		Pools []Pool `json:"pools"`
+	}
+	if err := c.do(ctx, request{method: http.MethodGet, path: "/v1/pools"}, &out); err != nil {
+		return nil, err
+	}
+	return out.Pools, nil
+}
+
 // BuildTemplate (admin) builds or rebuilds a template, calling progress (when
 // non-nil) with each line of build output, and returns the built template. A
 // failed build returns the server's *APIError.
