@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -52,10 +53,17 @@ func TestE2BSDK(t *testing.T) {
 		"E2B_RUN_ID="+strings.ReplaceAll(filepath.Base(t.TempDir()), "_", "-"),
 		"NO_COLOR=1", "E2B_DEBUG=",
 	)
+	// The suite starts with the python-data pool full: code-interpreter
+	// sandboxes are claimed warm (their identity, env and all, delivered
+	// at the claim) as well as created cold once the pool is empty.
+	waitFor(t, "the python-data pool to fill", 60*time.Second, func() bool { return poolReady(t, s, "python-data") == 1 })
 	out, err := cmd.CombinedOutput()
 	t.Logf("node --test:\n%s", out)
 	if err != nil {
 		t.Fatalf("E2B SDK suite failed: %v", err)
+	}
+	if !regexp.MustCompile(`sandbox created from the warm pool" sandbox=\S+ template=python-data`).MatchString(s.logText()) {
+		t.Errorf("no code-interpreter sandbox of the suite was claimed from the python-data pool")
 	}
 }
 
@@ -75,9 +83,11 @@ func e2bServer(t *testing.T) (node, dir string, s *server, addr string) {
 	}
 	npmInstall(t, dir)
 	addr = freeAddr(t)
-	s = startServer(t, "", "--e2b-listen", addr, "--snapshot-interval", "-1")
 	// code-interpreter-v1 maps to space's python-data template (matplotlib):
-	// built once into the shared cache, a cache hit afterwards.
+	// built once into the shared cache, a cache hit afterwards. A pool of
+	// it starts with the build, so the SDKs' code-interpreter sandboxes are
+	// claimed warm (identity, env and all) as well as created cold.
+	s = startServer(t, "", "--e2b-listen", addr, "--snapshot-interval", "-1", "--pools", "python-data=1")
 	s.buildTemplate("python-data")
 	return node, dir, s, addr
 }
