@@ -227,6 +227,7 @@ type sandboxView struct {
 	Reason    string            `json:"reason"`
 	Template  string            `json:"template"`
 	Driver    string            `json:"driver"`
+	CPU       int               `json:"cpu"`
 	Metadata  map[string]string `json:"metadata"`
 	CreatedAt time.Time         `json:"created_at"`
 	ExpiresAt time.Time         `json:"expires_at"`

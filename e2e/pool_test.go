@@ -222,11 +222,12 @@ func poolReady(t *testing.T, s *server, template string) int {
 }
 
 // TestWarmPoolPerTemplate: --pools keeps a warm pool of a template other
-// than the default; it waits until the template is built in this data
-// dir, then serves that template's creates, with that template's files,
-// while the default template's creates are served from their own pool.
+// than the default, here of 2 CPUs; it waits until the template is built
+// in this data dir, then serves that template's creates of its shape, with
+// that template's files, while the default template's creates are served
+// from their own pool.
 func TestWarmPoolPerTemplate(t *testing.T) {
-	s := startServer(t, "", "--pool-size", "1", "--pools", "python-data=1", "--snapshot-interval", "-1")
+	s := startServer(t, "", "--pool-size", "1", "--pools", "python-data=1::2", "--snapshot-interval", "-1")
 	waitFor(t, "the base pool to fill", 90*time.Second, func() bool { return poolReady(t, s, "base") == 1 })
 	if !strings.Contains(s.logText(), `warm pool waits for its template: build it to start the pool" template=python-data`) {
 		t.Errorf("the server did not say that python-data's pool waits for its build")
@@ -240,18 +241,21 @@ func TestWarmPoolPerTemplate(t *testing.T) {
 	// Operators see them: GET /v1/pools (admin only) and `space pools`.
 	var pools struct {
 		Pools []struct {
-			Template, Driver         string
-			Size, Max, Target, Ready int
-			MemoryMB                 int `json:"memory_mb"`
+			Template, Driver              string
+			Size, Max, Target, Ready, CPU int
+			MemoryMB                      int `json:"memory_mb"`
 		}
 	}
 	if code := s.do("GET", "/v1/pools", s.key, nil, &pools); code != 200 || len(pools.Pools) != 2 {
 		t.Fatalf("GET /v1/pools: %d %+v, want the two pools", code, pools)
 	}
-	for i, want := range []string{"base", "python-data"} {
+	for i, want := range []struct {
+		template string
+		cpu      int
+	}{{"base", 1}, {"python-data", 2}} {
 		p := pools.Pools[i]
-		if p.Template != want || p.Driver != "gvisor" || p.Size != 1 || p.Max != 4 || p.Ready != 1 || p.Target != 1 || p.MemoryMB != 512 {
-			t.Errorf("pool %d: %+v, want %s on gvisor with 1 of 1 ready", i, p, want)
+		if p.Template != want.template || p.CPU != want.cpu || p.Driver != "gvisor" || p.Size != 1 || p.Max != 4 || p.Ready != 1 || p.Target != 1 || p.MemoryMB != 512 {
+			t.Errorf("pool %d: %+v, want %s with %d CPUs on gvisor, 1 of 1 ready", i, p, want.template, want.cpu)
 		}
 	}
 	if code := s.do("GET", "/v1/pools", s.teamKey("pool-viewer"), nil, nil); code != 403 {
@@ -260,22 +264,23 @@ func TestWarmPoolPerTemplate(t *testing.T) {
 	cmd := exec.Command(spaceBin(t), "pools")
 	cmd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+s.key)
 	out, err := cmd.CombinedOutput()
-	if err != nil || !regexp.MustCompile(`(?m)^python-data\s+gvisor\s+1\s+512 MiB\s+1\s+1\s+1\s+4\s+boot$`).Match(out) {
+	if err != nil || !regexp.MustCompile(`(?m)^python-data\s+gvisor\s+2\s+512 MiB\s+1\s+1\s+1\s+4\s+boot$`).Match(out) {
 		t.Errorf("space pools: %v\n%s", err, out)
 	}
 
 	for _, c := range []struct {
 		template, check string
+		cpu             int
 	}{
-		{"python-data", "python3 -c 'import pandas; print(\"pandas\")'"},
-		{"base", "python3 -c 'import pandas' 2>/dev/null || echo 'no pandas'"},
+		{"python-data", "python3 -c 'import pandas; print(\"pandas\")'", 2},
+		{"base", "python3 -c 'import pandas' 2>/dev/null || echo 'no pandas'", 1},
 	} {
 		var sb sandboxView
-		if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"template": c.template}, &sb); code != 201 {
+		if code := s.do("POST", "/v1/sandboxes", s.key, map[string]any{"template": c.template, "cpu": c.cpu}, &sb); code != 201 {
 			t.Fatalf("create %s: %d", c.template, code)
 		}
-		if sb.Template != c.template {
-			t.Errorf("create of %s made a sandbox of %s", c.template, sb.Template)
+		if sb.Template != c.template || sb.CPU != c.cpu {
+			t.Errorf("create of %s with %d CPUs made a sandbox of %s with %d", c.template, c.cpu, sb.Template, sb.CPU)
 		}
 		// The server's log reaches the harness through a pipe, a moment
 		// after the answer.

@@ -8,8 +8,8 @@ import (
 	"maps"
 	"math"
 	"os"
-	"strconv"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +42,8 @@ type PoolConfig struct {
 	// MemoryMB their memory (0: a create's default).
 	Driver   string
 	MemoryMB int
+	// CPU is their CPUs (0: a create's default).
+	CPU int
 	// FromImage refills the pool by restoring one post-boot checkpoint of
 	// its shape instead of booting (poolimage.go): for drivers whose
 	// restore is faster than their boot (QEMU). Without a usable image
@@ -125,7 +127,7 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 	if cfg.Max < cfg.Size {
 		cfg.Max = 4 * cfg.Size
 	}
-	req := CreateRequest{Template: tpl.Name, Driver: cfg.Driver, MemoryMB: cfg.MemoryMB}
+	req := CreateRequest{Template: tpl.Name, Driver: cfg.Driver, MemoryMB: cfg.MemoryMB, CPU: cfg.CPU}
 	if err := s.validateCreate(&req); err != nil {
 		s.log.Error("warm pool not started", "template", tpl.Name, "err", err)
 		return

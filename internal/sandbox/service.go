@@ -71,6 +71,10 @@ type Config struct {
 	Rootfs func(ctx context.Context, driver string, tpl store.Template) (path, kind string, err error)
 }
 
+// DefaultMaxCPU is the most CPUs a create may ask for unless
+// Config.MaxCPU says otherwise.
+const DefaultMaxCPU = 8
+
 // Service owns every sandbox of one server.
 type Service struct {
 	cfg     Config
@@ -191,7 +195,7 @@ func New(cfg Config, st *store.Store, drivers []driver.Driver, log *slog.Logger,
 		cfg.MaxTimeout = 24 * time.Hour
 	}
 	if cfg.MaxCPU == 0 {
-		cfg.MaxCPU = 8
+		cfg.MaxCPU = DefaultMaxCPU
 	}
 	if cfg.MaxMemoryMB == 0 {
 		cfg.MaxMemoryMB = 16384

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/template"
 )
 
@@ -39,7 +40,7 @@ type Config struct {
 	// --pool-size for it.
 	PoolDrivers string
 	// Pools keeps warm pools of any template: "python-data=2" or
-	// "base@qemu=1:512" (TEMPLATE[@DRIVER]=N[:MEMORY_MB], comma-separated;
+	// "base@qemu=1:512" (TEMPLATE[@DRIVER]=N[:MEMORY_MB[:CPUS]], comma-separated;
 	// --pools, SPACE_POOLS; see ParsePools). An entry replaces what
 	// --pool-size and --pool-drivers say for the same template and driver.
 	Pools string
@@ -177,14 +178,16 @@ type PoolSpec struct {
 	Driver   string // "": the default driver (--pools without @DRIVER)
 	Size     int    // warm sandboxes kept ready (0: none)
 	MemoryMB int    // their memory (0: a create's default)
+	CPU      int    // their CPUs (0: a create's default)
 }
 
 // MaxPoolSize caps one --pool-drivers or --pools entry.
 const MaxPoolSize = 64
 
-// ParsePoolDrivers parses --pool-drivers: DRIVER=N[:MEMORY_MB],… with a
-// known driver name at most once, 0 ≤ N ≤ MaxPoolSize and, when given,
-// MEMORY_MB ≥ 128 (what a VM needs). Empty: no entries.
+// ParsePoolDrivers parses --pool-drivers: DRIVER=N[:MEMORY_MB[:CPUS]],…
+// with a known driver name at most once, 0 ≤ N ≤ MaxPoolSize and, when
+// given, MEMORY_MB ≥ 128 (what a VM needs; empty in N::CPUS) and 1 ≤ CPUS
+// ≤ sandbox.DefaultMaxCPU. Empty: no entries.
 func ParsePoolDrivers(v string) ([]PoolSpec, error) {
 	return parsePools("--pool-drivers", "DRIVER", "e.g. qemu=2", v, func(name string) (PoolSpec, error) {
 		if !knownDrivers[name] {
@@ -194,12 +197,12 @@ func ParsePoolDrivers(v string) ([]PoolSpec, error) {
 	})
 }
 
-// ParsePools parses --pools: TEMPLATE[@DRIVER]=N[:MEMORY_MB],… where
+// ParsePools parses --pools: TEMPLATE[@DRIVER]=N[:MEMORY_MB[:CPUS]],… where
 // TEMPLATE is a built-in template and DRIVER a known driver (the default
 // driver without it), each TEMPLATE[@DRIVER] at most once, and N and
-// MEMORY_MB as for --pool-drivers. Empty: no entries.
+// MEMORY_MB and CPUS as for --pool-drivers. Empty: no entries.
 func ParsePools(v string) ([]PoolSpec, error) {
-	return parsePools("--pools", "TEMPLATE[@DRIVER]", "e.g. python-data=2,base@qemu=1:512", v, func(name string) (PoolSpec, error) {
+	return parsePools("--pools", "TEMPLATE[@DRIVER]", "e.g. python-data=2,base@qemu=1:512,python-data@gvisor=1:2048:2", v, func(name string) (PoolSpec, error) {
 		tpl, drv, withDriver := strings.Cut(name, "@")
 		if _, err := template.Builtin(tpl); err != nil {
 			known := []string{}
@@ -215,7 +218,7 @@ func ParsePools(v string) ([]PoolSpec, error) {
 	})
 }
 
-// parsePools parses NAME=N[:MEMORY_MB],… entries; spec turns a NAME into
+// parsePools parses NAME=N[:MEMORY_MB[:CPUS]],… entries; spec turns a NAME into
 // the entry's template and driver.
 func parsePools(flag, nameForm, example, v string, spec func(name string) (PoolSpec, error)) ([]PoolSpec, error) {
 	v = strings.TrimSpace(v)
@@ -223,7 +226,7 @@ func parsePools(flag, nameForm, example, v string, spec func(name string) (PoolS
 		return nil, nil
 	}
 	bad := func(entry, format string, args ...any) error {
-		return fmt.Errorf("%s %q: %s (want %s=N[:MEMORY_MB],…, %s)", flag, entry, fmt.Sprintf(format, args...), nameForm, example)
+		return fmt.Errorf("%s %q: %s (want %s=N[:MEMORY_MB[:CPUS]],…, %s)", flag, entry, fmt.Sprintf(format, args...), nameForm, example)
 	}
 	var out []PoolSpec
 	seen := map[string]bool{}
@@ -242,13 +245,22 @@ func parsePools(flag, nameForm, example, v string, spec func(name string) (PoolS
 			return nil, bad(entry, "%s given twice", name)
 		}
 		seen[name] = true
-		sizeS, memS, hasMem := strings.Cut(rest, ":")
-		if ps.Size, err = strconv.Atoi(strings.TrimSpace(sizeS)); err != nil || ps.Size < 0 || ps.Size > MaxPoolSize {
+		parts := strings.Split(rest, ":")
+		if len(parts) > 3 {
+			return nil, bad(entry, "more than N:MEMORY_MB:CPUS")
+		}
+		if ps.Size, err = strconv.Atoi(strings.TrimSpace(parts[0])); err != nil || ps.Size < 0 || ps.Size > MaxPoolSize {
 			return nil, bad(entry, "size must be a number from 0 to %d", MaxPoolSize)
 		}
-		if hasMem {
-			if ps.MemoryMB, err = strconv.Atoi(strings.TrimSpace(memS)); err != nil || ps.MemoryMB < 128 {
+		// N:MEMORY_MB sets the memory; N::CPUS the CPUs alone.
+		if len(parts) > 1 && (len(parts) == 2 || strings.TrimSpace(parts[1]) != "") {
+			if ps.MemoryMB, err = strconv.Atoi(strings.TrimSpace(parts[1])); err != nil || ps.MemoryMB < 128 {
 				return nil, bad(entry, "memory must be a number of MiB, at least 128")
+			}
+		}
+		if len(parts) == 3 {
+			if ps.CPU, err = strconv.Atoi(strings.TrimSpace(parts[2])); err != nil || ps.CPU < 1 || ps.CPU > sandbox.DefaultMaxCPU {
+				return nil, bad(entry, "CPUs must be a number from 1 to %d", sandbox.DefaultMaxCPU)
 			}
 		}
 		out = append(out, ps)

@@ -29,6 +29,11 @@ func TestParsePoolDrivers(t *testing.T) {
 		{"kvm=2", nil, `unknown driver "kvm"`},
 		{"qemu=1,qemu=2", nil, "given twice"},
 		{"qemu=1,", nil, "no DRIVER=N"},
+		{"qemu=1:256:2", []PoolSpec{{Driver: "qemu", Size: 1, MemoryMB: 256, CPU: 2}}, ""},
+		{"qemu=1::2", []PoolSpec{{Driver: "qemu", Size: 1, CPU: 2}}, ""},
+		{"qemu=1:256:0", nil, "CPUs must be a number from 1 to 8"},
+		{"qemu=1::9", nil, "CPUs must be a number from 1 to 8"},
+		{"qemu=1:256:2:1", nil, "more than N:MEMORY_MB:CPUS"},
 	}
 	for _, tt := range tests {
 		got, err := ParsePoolDrivers(tt.in)
@@ -85,6 +90,8 @@ func TestParsePools(t *testing.T) {
 		{"python-data=1,python-data=3", nil, "given twice"},
 		{"python-data=65", nil, "size must be a number"},
 		{"python-data=1:100", nil, "memory must be"},
+		{"python-data@gvisor=1:2048:2", []PoolSpec{{Template: "python-data", Driver: "gvisor", Size: 1, MemoryMB: 2048, CPU: 2}}, ""},
+		{"python-data=1::x", nil, "CPUs must be"},
 	}
 	for _, tt := range tests {
 		got, err := ParsePools(tt.in)
@@ -105,21 +112,22 @@ func TestParsePools(t *testing.T) {
 func TestPoolConfigs(t *testing.T) {
 	cfg := Config{Driver: "gvisor", DefaultTemplate: "base", PoolSize: 2}
 	type pc struct {
-		tpl, drv  string
-		size, mem int
+		tpl, drv       string
+		size, mem, cpu int
 	}
 	for _, c := range []struct {
 		drivers, pools string
 		want           []pc
 		wantErr        string
 	}{
-		{"", "", []pc{{"base", "gvisor", 2, 0}}, ""},
-		{"qemu=1", "", []pc{{"base", "gvisor", 2, 0}, {"base", "qemu", 1, 0}}, ""},
-		{"gvisor=3:512", "", []pc{{"base", "gvisor", 3, 512}}, ""},
+		{"", "", []pc{{"base", "gvisor", 2, 0, 0}}, ""},
+		{"qemu=1", "", []pc{{"base", "gvisor", 2, 0, 0}, {"base", "qemu", 1, 0, 0}}, ""},
+		{"gvisor=3:512", "", []pc{{"base", "gvisor", 3, 512, 0}}, ""},
 		{"gvisor=0", "", nil, ""},
-		{"", "python-data=1", []pc{{"base", "gvisor", 2, 0}, {"python-data", "gvisor", 1, 0}}, ""},
-		{"qemu=1", "base@qemu=0,base=4,python-data@qemu=1:1024", []pc{{"base", "gvisor", 4, 0}, {"python-data", "qemu", 1, 1024}}, ""},
+		{"", "python-data=1", []pc{{"base", "gvisor", 2, 0, 0}, {"python-data", "gvisor", 1, 0, 0}}, ""},
+		{"qemu=1", "base@qemu=0,base=4,python-data@qemu=1:1024", []pc{{"base", "gvisor", 4, 0, 0}, {"python-data", "qemu", 1, 1024, 0}}, ""},
 		{"", "base=1,base@gvisor=2", nil, "template base on driver gvisor given twice"},
+		{"", "python-data=1:1024:2", []pc{{"base", "gvisor", 2, 0, 0}, {"python-data", "gvisor", 1, 1024, 2}}, ""},
 	} {
 		drv, err := ParsePoolDrivers(c.drivers)
 		if err != nil {
@@ -138,7 +146,7 @@ func TestPoolConfigs(t *testing.T) {
 		}
 		var have []pc
 		for _, p := range got {
-			have = append(have, pc{p.Template, p.Driver, p.Size, p.MemoryMB})
+			have = append(have, pc{p.Template, p.Driver, p.Size, p.MemoryMB, p.CPU})
 			if p.FromImage != (p.Driver == "qemu") {
 				t.Errorf("%q %q: %+v refills from an image: %v", c.drivers, c.pools, p, p.FromImage)
 			}

@@ -429,7 +429,7 @@ func poolConfigs(cfg Config, driverPools, templatePools []PoolSpec) ([]sandbox.P
 	var out []sandbox.PoolConfig
 	for _, k := range order {
 		if p := byKey[k]; p.Size > 0 {
-			out = append(out, sandbox.PoolConfig{Template: p.Template, Size: p.Size, Driver: p.Driver, MemoryMB: p.MemoryMB, FromImage: refillsFromImage(p.Driver)})
+			out = append(out, sandbox.PoolConfig{Template: p.Template, Size: p.Size, Driver: p.Driver, MemoryMB: p.MemoryMB, CPU: p.CPU, FromImage: refillsFromImage(p.Driver)})
 		}
 	}
 	return out, nil
