@@ -226,9 +226,9 @@ func (p *pool) fill(ctx context.Context) {
 	var over time.Time // since when the pool holds more than its target
 	for ctx.Err() == nil {
 		p.adapt()
-		if p.shrink(&over) {
-			continue
-		}
+		// A shrink leaves the pool at or above its target: no refill
+		// follows, and the next shrink waits for the next round.
+		p.shrink(&over)
 		if int64(len(p.ready)) < p.target.Load() {
 			start := time.Now()
 			// A boot is never cut short (killing runsc mid-start can
@@ -301,21 +301,21 @@ func (p *pool) fill(ctx context.Context) {
 
 // shrink gives back what a burst grew: once the pool has held more warm
 // sandboxes than its target for poolShrinkAfter, it destroys the one
-// waiting longest, one per call (fill calls it every second at most), and
-// reports whether it did. over is when the pool went above its target
-// (zero while it is not).
-func (p *pool) shrink(over *time.Time) bool {
+// waiting longest, one per call (fill calls it once a round, a second
+// apart when nothing else wakes it). over is when the pool went above its
+// target (zero while it is not).
+func (p *pool) shrink(over *time.Time) {
 	target := p.target.Load()
 	if int64(len(p.ready)) <= target {
 		*over = time.Time{}
-		return false
+		return
 	}
 	now := time.Now()
 	if over.IsZero() {
 		*over = now
 	}
 	if now.Sub(*over) < poolShrinkAfter {
-		return false
+		return
 	}
 	select {
 	case w := <-p.ready:
@@ -324,9 +324,7 @@ func (p *pool) shrink(over *time.Time) bool {
 			p.s.metrics.PoolShrinks.WithLabelValues(p.shape.driver).Inc()
 		}
 		p.s.log.Info("warm pool shrank: its create rate fell", "template", p.tpl.Name, "driver", p.shape.driver, "destroyed", w.sb.ID, "ready", len(p.ready), "target", target)
-		return true
 	default: // claimed meanwhile
-		return false
 	}
 }
 
