@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,18 +24,7 @@ func cpuShares(id string) string {
 }
 
 func pooledCount(t *testing.T, s *server) int {
-	resp, err := http.Get(s.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	m := regexp.MustCompile(`space_sandboxes\{state="pooled"\} (\d+)`).FindSubmatch(b)
-	if m == nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(string(m[1]))
-	return n
+	return int(metric(t, s, `space_sandboxes{state="pooled"}`))
 }
 
 // TestWarmPool: creates are served from pre-started sandboxes that get
@@ -205,20 +193,9 @@ func TestOrphanCgroupsRemovedAtStart(t *testing.T) {
 	}
 }
 
-// poolReady reads space_pool_ready for a template (-1 when not reported).
+// poolReady reads space_pool_ready for a template (0 when not reported).
 func poolReady(t *testing.T, s *server, template string) int {
-	resp, err := http.Get(s.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	m := regexp.MustCompile(`space_pool_ready\{template="` + regexp.QuoteMeta(template) + `"\} (\d+)`).FindSubmatch(b)
-	if m == nil {
-		return -1
-	}
-	n, _ := strconv.Atoi(string(m[1]))
-	return n
+	return int(metric(t, s, `space_pool_ready{template="`+template+`"}`))
 }
 
 // TestWarmPoolPerTemplate: --pools keeps a warm pool of a template other

@@ -673,16 +673,8 @@ func (s *Service) Pools() []PoolStatus {
 // PoolReady reports how many warm sandboxes are ready, per template name.
 func (s *Service) PoolReady() map[string]int {
 	out := map[string]int{}
-	s.poolsMu.Lock()
-	ps := s.pools
-	s.poolsMu.Unlock()
-	if ps == nil {
-		return out
-	}
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	for _, p := range ps.byKey {
-		out[p.tpl.Name] += len(p.ready)
+	for _, p := range s.Pools() {
+		out[p.Template] += p.Ready
 	}
 	return out
 }
