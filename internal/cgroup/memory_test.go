@@ -451,6 +451,9 @@ func TestWatchMemoryEnds(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		// Before the cgroup's removal (cleanups run last first), so a
+		// failed run does not leave the cgroup behind.
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		if err := Place(id, cmd.Process.Pid, Limits{MemoryMB: 64}); err != nil {
 			t.Fatal(err)
 		}
