@@ -142,8 +142,12 @@ func TestPoolFollowsTemplateRebuild(t *testing.T) {
 		}
 		newID = id
 	}
-	svc.StartPool(ctx, v2, cfg) // running already: nothing happens
-	time.Sleep(200 * time.Millisecond)
+	// Running already: nothing happens (StartPool decides under the
+	// pools' lock before it returns).
+	svc.StartPool(ctx, v2, cfg)
+	if ps := svc.Pools(); len(ps) != 1 || ps[0].Digest != v2.Digest {
+		t.Fatalf("starting a running pool again changed the pools: %+v", ps)
+	}
 	if now := pooledIDs(t, st); len(now) != 1 || now[newID] == "" {
 		t.Fatalf("starting a running pool again changed it: %v", now)
 	}

@@ -190,10 +190,7 @@ const MaxPoolSize = 64
 // ≤ sandbox.DefaultMaxCPU. Empty: no entries.
 func ParsePoolDrivers(v string) ([]PoolSpec, error) {
 	return parsePools("--pool-drivers", "DRIVER", "e.g. qemu=2", v, func(name string) (PoolSpec, error) {
-		if !knownDrivers[name] {
-			return PoolSpec{}, fmt.Errorf("unknown driver %q (known: gvisor, qemu, firecracker)", name)
-		}
-		return PoolSpec{Driver: name}, nil
+		return PoolSpec{Driver: name}, checkDriver(name)
 	})
 }
 
@@ -211,8 +208,10 @@ func ParsePools(v string) ([]PoolSpec, error) {
 			}
 			return PoolSpec{}, fmt.Errorf("unknown template %q (known: %s)", tpl, strings.Join(known, ", "))
 		}
-		if withDriver && !knownDrivers[drv] {
-			return PoolSpec{}, fmt.Errorf("unknown driver %q (known: gvisor, qemu, firecracker)", drv)
+		if withDriver {
+			if err := checkDriver(drv); err != nil {
+				return PoolSpec{}, err
+			}
 		}
 		return PoolSpec{Template: tpl, Driver: drv}, nil
 	})
@@ -266,6 +265,14 @@ func parsePools(flag, nameForm, example, v string, spec func(name string) (PoolS
 		out = append(out, ps)
 	}
 	return out, nil
+}
+
+// checkDriver says whether name is a driver Run can build.
+func checkDriver(name string) error {
+	if !knownDrivers[name] {
+		return fmt.Errorf("unknown driver %q (known: gvisor, qemu, firecracker)", name)
+	}
+	return nil
 }
 
 // knownDrivers are the driver names Run can build.

@@ -398,18 +398,15 @@ func poolConfigs(cfg Config, driverPools, templatePools []PoolSpec) ([]sandbox.P
 	type key struct{ template, driver string }
 	var order []key
 	byKey := map[key]PoolSpec{}
-	set := func(p PoolSpec) {
-		if p.Template == "" {
-			p.Template = cfg.DefaultTemplate
-		}
-		if p.Driver == "" {
-			p.Driver = cfg.Driver
-		}
+	set := func(p PoolSpec) key {
+		p.Template = cmp.Or(p.Template, cfg.DefaultTemplate)
+		p.Driver = cmp.Or(p.Driver, cfg.Driver)
 		k := key{p.Template, p.Driver}
 		if _, ok := byKey[k]; !ok {
 			order = append(order, k)
 		}
 		byKey[k] = p
+		return k
 	}
 	if cfg.PoolSize > 0 {
 		set(PoolSpec{Size: cfg.PoolSize})
@@ -419,12 +416,11 @@ func poolConfigs(cfg Config, driverPools, templatePools []PoolSpec) ([]sandbox.P
 	}
 	seen := map[key]bool{}
 	for _, p := range templatePools {
-		k := key{p.Template, cmp.Or(p.Driver, cfg.Driver)}
+		k := set(p)
 		if seen[k] {
 			return nil, fmt.Errorf("--pools: template %s on driver %s given twice", k.template, k.driver)
 		}
 		seen[k] = true
-		set(p)
 	}
 	var out []sandbox.PoolConfig
 	for _, k := range order {
