@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -446,5 +447,66 @@ func TestE2BPorts(t *testing.T) {
 	}
 	if code, body := get("/x", "8001-"+made.ID+".space.test", made.Traffic); code != 502 || !strings.Contains(body, "nothing listens") {
 		t.Errorf("closed port: %d %s", code, body)
+	}
+}
+
+// TestE2BInterpreterPrestarted: with the E2B facade on, a python-data
+// pool's sandboxes wait with the code interpreter's default kernel
+// running and its data libraries imported. A code-interpreter sandbox
+// claimed from it runs its first cell in that kernel, which took the
+// owner's envVars at the claim.
+func TestE2BInterpreterPrestarted(t *testing.T) {
+	_, _, s, addr := e2bServer(t)
+	key := s.teamKey("e2b-prestart")
+	url := "http://" + addr
+	waitFor(t, "the python-data pool to fill", 90*time.Second, func() bool { return poolReady(t, s, "python-data") == 1 })
+	var pools struct {
+		Pools []struct {
+			Template string
+			Prestart []string
+		}
+	}
+	if code := s.do("GET", "/v1/pools", s.key, nil, &pools); code != 200 || len(pools.Pools) != 2 ||
+		pools.Pools[0].Template != "base" || pools.Pools[0].Prestart != nil ||
+		pools.Pools[1].Template != "python-data" || !slices.Contains(pools.Pools[1].Prestart, "--preload") {
+		t.Errorf("GET /v1/pools: %d %+v, want base without a prestart and python-data with the kernel", code, pools)
+	}
+	made := e2bCreateWith(t, url, key, `{"templateID":"code-interpreter-v1","envVars":{"OWNER_VAR":"mine"}}`)
+	waitFor(t, "the claim in the log", 10*time.Second, func() bool {
+		return strings.Contains(s.logText(), `sandbox created from the warm pool" sandbox=sb-`+made.ID+" template=python-data")
+	})
+	code := "import os, sys\n(os.environ.get('OWNER_VAR'), 'pandas' in sys.modules, 'matplotlib.pyplot' in sys.modules)"
+	body, _ := json.Marshal(map[string]string{"code": code})
+	req, _ := http.NewRequest("POST", url+"/execute", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("E2b-Sandbox-Id", made.ID)
+	req.Header.Set("E2b-Sandbox-Port", "49999")
+	req.Header.Set("X-Access-Token", made.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	var result string
+	for line := range strings.Lines(string(out)) {
+		var m struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+			Main bool   `json:"is_main_result"`
+		}
+		if json.Unmarshal([]byte(line), &m) != nil {
+			t.Errorf("not a JSON line: %q", line)
+			continue
+		}
+		switch {
+		case m.Type == "result" && m.Main:
+			result = m.Text
+		case m.Type == "ready" || m.Type == "error":
+			t.Errorf("execute answered %s", line)
+		}
+	}
+	if want := "('mine', True, True)"; resp.StatusCode != 200 || result != want {
+		t.Fatalf("first cell: %d result %q, want %q (the prestarted kernel, with the owner's env and its imports)\n%s", resp.StatusCode, result, want, out)
 	}
 }

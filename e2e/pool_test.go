@@ -241,7 +241,7 @@ func TestWarmPoolPerTemplate(t *testing.T) {
 	cmd := exec.Command(spaceBin(t), "pools")
 	cmd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+s.key)
 	out, err := cmd.CombinedOutput()
-	if err != nil || !regexp.MustCompile(`(?m)^python-data\s+gvisor\s+2\s+512 MiB\s+1\s+1\s+1\s+4\s+boot$`).Match(out) {
+	if err != nil || !regexp.MustCompile(`(?m)^python-data\s+gvisor\s+2\s+512 MiB\s+1\s+1\s+1\s+4\s+boot\s+-$`).Match(out) {
 		t.Errorf("space pools: %v\n%s", err, out)
 	}
 

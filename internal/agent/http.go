@@ -161,6 +161,7 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	a.sandboxID, a.initEnv = req.SandboxID, req.Env
 	a.mu.Unlock()
+	a.settlePrestarted(req.Env, req.KeepPrestarted)
 	w.WriteHeader(http.StatusNoContent)
 }
 

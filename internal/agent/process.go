@@ -58,6 +58,10 @@ type process struct {
 
 	mu   sync.Mutex
 	info agentproto.Process
+
+	// initStdin: started with StartRequest.InitStdin and not yet through
+	// an Init (guarded by Agent.mu; see prestart.go).
+	initStdin bool
 }
 
 func (p *process) snapshot() agentproto.Process {
@@ -73,6 +77,9 @@ func (p *process) snapshot() agentproto.Process {
 func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subscriber, error) {
 	if (len(req.Cmd) == 0) == (req.Shell == "") {
 		return nil, nil, errdefs.InvalidArgument("exactly one of cmd and shell must be set")
+	}
+	if req.InitStdin && (!req.Stdin || req.PTY != nil) {
+		return nil, nil, errdefs.InvalidArgument("init_stdin needs an open stdin (stdin: true) and no PTY")
 	}
 	name := req.User
 	if name == "" {
@@ -112,7 +119,7 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 		}
 	}
 
-	p := &process{log: newEventLog(a.opts.MaxOutput), done: make(chan struct{})}
+	p := &process{log: newEventLog(a.opts.MaxOutput), done: make(chan struct{}), initStdin: req.InitStdin}
 	var sub *subscriber
 	if follow {
 		sub = p.log.subscribe(1)

@@ -24,7 +24,9 @@ import (
 // 4: ?nofollow=1 on file writes and mkdir (no symbolic link in the path is
 // followed: restores use it).
 // 5: POST /v1/connect (a TCP connection to a port of the sandbox).
-const Version = "5"
+// 6: StartRequest.InitStdin and InitRequest.KeepPrestarted (a warm pool's
+// prestarted processes).
+const Version = "6"
 
 // Paths served by the agent.
 const (
@@ -141,6 +143,23 @@ type InitRequest struct {
 	// Egress, when set, turns on the sandbox's only way out: a local
 	// proxy endpoint whose connections the agent tunnels to the host.
 	Egress *EgressInit `json:"egress,omitempty"`
+	// KeepPrestarted decides the fate of the processes started with
+	// StartRequest.InitStdin before this Init (a warm pool's prestarted
+	// code-interpreter kernel): when true each gets this Init's Env on its
+	// stdin as one JSON line, InitLine, before the Init is answered; when
+	// false they are killed and forgotten, so a sandbox holds only what its
+	// owner starts. Either way it happens once, at the first Init after
+	// the process started.
+	KeepPrestarted bool `json:"keep_prestarted,omitempty"`
+}
+
+// InitLine is the line a process started with StartRequest.InitStdin reads
+// on its stdin when the sandbox gets its identity: the environment every
+// process started from then on gets, which it must apply to itself.
+type InitLine struct {
+	Init struct {
+		Env map[string]string `json:"env"`
+	} `json:"init"`
 }
 
 // EgressInit configures the in-sandbox end of the egress tunnel.
@@ -180,6 +199,11 @@ type StartRequest struct {
 	// PTY, when set, runs the process on a pseudo-terminal; output arrives
 	// as stdout events.
 	PTY *PTYSize `json:"pty,omitempty"`
+	// InitStdin marks a process started before the sandbox has its
+	// identity (a warm pool's, ahead of a claim): the next Init either
+	// writes an InitLine to its stdin (Stdin must be set) or kills it; see
+	// InitRequest.KeepPrestarted.
+	InitStdin bool `json:"init_stdin,omitempty"`
 }
 
 // PTYSize is a terminal size.

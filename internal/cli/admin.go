@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
+	"strings"
 
 	space "github.com/spacesandbox/space/sdk/go"
 	"github.com/spf13/cobra"
@@ -68,14 +69,18 @@ func (a *app) poolsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := newTable(a.stdout, "TEMPLATE", "DRIVER", "CPU", "MEMORY", "READY", "TARGET", "SIZE", "MAX", "REFILL")
+			tw := newTable(a.stdout, "TEMPLATE", "DRIVER", "CPU", "MEMORY", "READY", "TARGET", "SIZE", "MAX", "REFILL", "PRESTART")
 			for _, p := range ps {
 				refill := "boot"
 				if p.FromImage {
 					refill = "restore"
 				}
+				prestart := "-"
+				if len(p.Prestart) > 0 {
+					prestart = strings.Join(p.Prestart, " ")
+				}
 				row(tw, p.Template, p.Driver, strconv.Itoa(p.CPU), strconv.Itoa(p.MemoryMB)+" MiB", strconv.Itoa(p.Ready),
-					strconv.Itoa(p.Target), strconv.Itoa(p.Size), strconv.Itoa(p.Max), refill)
+					strconv.Itoa(p.Target), strconv.Itoa(p.Size), strconv.Itoa(p.Max), refill, prestart)
 			}
 			return tw.Flush()
 		},

@@ -24,9 +24,14 @@ import (
 var templateAliases = map[string]string{
 	"":                    "base",
 	"base":                "base",
-	"code-interpreter-v1": "python-data", // the code interpreter runs python3 (matplotlib) and node
-	"code-interpreter":    "python-data",
+	"code-interpreter-v1": InterpreterTemplate,
+	"code-interpreter":    InterpreterTemplate,
 }
+
+// InterpreterTemplate is the space template E2B's code interpreter
+// templates map to: python3 with pandas and matplotlib, and node. Its warm
+// pools prestart the default Python kernel (KernelPrestart).
+const InterpreterTemplate = "python-data"
 
 func (h *Handler) controlMux() http.Handler {
 	m := http.NewServeMux()
@@ -205,7 +210,9 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 		h.writeError(w, r, err)
 		return
 	}
-	req := sandbox.CreateRequest{Env: b.EnvVars, Metadata: b.Metadata}
+	// A sandbox claimed from a pool that prestarted the code interpreter's
+	// default kernel keeps it (it gets the sandbox's env at the claim).
+	req := sandbox.CreateRequest{Env: b.EnvVars, Metadata: b.Metadata, KeepPrestarted: true}
 	if b.Timeout != nil {
 		req.TimeoutS = *b.Timeout
 	}

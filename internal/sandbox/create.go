@@ -49,6 +49,12 @@ type CreateRequest struct {
 	// files or ports resumes it first (E2B's autoResume). Forks and
 	// restores keep it.
 	AutoResume bool `json:"auto_resume"`
+	// KeepPrestarted keeps, in a sandbox claimed from a warm pool, the
+	// process the pool started ahead of the claim (PoolConfig.Prestart:
+	// the E2B code interpreter's kernel); it gets the sandbox's
+	// environment at the claim. Without it the claim ends that process.
+	// Set by the E2B facade, not part of the API.
+	KeepPrestarted bool `json:"-"`
 }
 
 var (

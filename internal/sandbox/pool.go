@@ -49,6 +49,9 @@ type PoolConfig struct {
 	// restore is faster than their boot (QEMU). Without a usable image
 	// the pool boots, as it does without FromImage.
 	FromImage bool
+	// Prestart, when set, is a process started in each of the pool's
+	// sandboxes before it joins the pool (prestart.go).
+	Prestart *Prestart
 }
 
 // shape is what must match for a pooled sandbox to serve a create.
@@ -75,15 +78,17 @@ type warm struct {
 
 // pool keeps warm sandboxes of one shape.
 type pool struct {
-	s      *Service
-	shape  shape
-	tpl    store.Template
-	base   int
-	max    int
-	ready  chan *warm
-	kick   chan struct{}
-	img    *poolImage // nil: the pool refills by booting
-	target atomic.Int64
+	s     *Service
+	shape shape
+	tpl   store.Template
+	base  int
+	max   int
+	ready chan *warm
+	kick  chan struct{}
+	img   *poolImage // nil: the pool refills by booting
+	// prestart is started in every sandbox before it joins the pool.
+	prestart *Prestart
+	target   atomic.Int64
 	// cancel stops fill, which closes done when it returned.
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -157,7 +162,7 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 	pctx, cancel := context.WithCancel(s.poolCtx)
 	p := &pool{
 		s: s, shape: k, tpl: tpl, base: cfg.Size, max: cfg.Max, ready: make(chan *warm, cfg.Max), kick: make(chan struct{}, 1),
-		cancel: cancel, done: make(chan struct{}),
+		cancel: cancel, done: make(chan struct{}), prestart: cfg.Prestart,
 	}
 	if cfg.FromImage {
 		_, canRestore := s.drivers[k.driver].(driver.Restorer)
@@ -265,6 +270,9 @@ func (p *pool) fill(ctx context.Context) {
 			p.starved = false
 			bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Minute)
 			w, err := p.refill(bctx)
+			if err == nil && p.prestart != nil {
+				p.s.prestart(bctx, p.prestart, w)
+			}
 			bcancel()
 			if err == nil && ctx.Err() != nil {
 				p.s.discardWarm(w)
@@ -433,7 +441,7 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 		if err := s.putNetwork(ctx, sb.ID, req.Network, req.Secrets); err != nil {
 			return fail(err)
 		}
-		if err := s.initAgent(ctx, sb, w.agent, claimInit(w), true); err != nil {
+		if err := s.initAgent(ctx, sb, w.agent, claimInit(w, req), true); err != nil {
 			return fail(err)
 		}
 		if err := s.store.ClaimSandboxWithin(ctx, sb, quota); err != nil {
@@ -443,7 +451,7 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 		if err := s.store.ClaimSandboxWithin(ctx, sb, quota); err != nil {
 			return fail(err)
 		}
-		init := claimInit(w)
+		init := claimInit(w, req)
 		init.SandboxID, init.Env = sb.ID, maps.Clone(sb.Env)
 		l.ready, l.urgent = make(chan struct{}), make(chan struct{})
 		l.opMu.Lock()
@@ -525,8 +533,8 @@ func (s *Service) confirmIdentity(sb store.Sandbox, l *live) {
 // claimInit is what a claim's Init carries beyond the identity: fresh
 // entropy always (gVisor's RNG is the host's, and the ioctl is skipped
 // there), the host's clock for a restored sandbox.
-func claimInit(w *warm) agentproto.InitRequest {
-	req := agentproto.InitRequest{Entropy: freshEntropy()}
+func claimInit(w *warm, creq CreateRequest) agentproto.InitRequest {
+	req := agentproto.InitRequest{Entropy: freshEntropy(), KeepPrestarted: creq.KeepPrestarted}
 	if w.restored {
 		req.Time = time.Now().UTC()
 	}
@@ -644,6 +652,9 @@ type PoolStatus struct {
 	Target    int    `json:"target"`     // what it refills to now (size plus the create rate's share)
 	Ready     int    `json:"ready"`      // warm sandboxes waiting for a create
 	FromImage bool   `json:"from_image"` // refills by restoring a post-boot checkpoint
+	// Prestart is the command each of its sandboxes runs before it joins
+	// the pool (PoolConfig.Prestart), absent when none.
+	Prestart []string `json:"prestart,omitempty"`
 }
 
 // Pools reports the running warm pools, by template, driver, CPUs and
@@ -658,10 +669,14 @@ func (s *Service) Pools() []PoolStatus {
 	}
 	ps.mu.Lock()
 	for k, p := range ps.byKey {
-		out = append(out, PoolStatus{
+		st := PoolStatus{
 			Template: p.tpl.Name, Digest: k.digest, Driver: k.driver, CPU: k.cpu, MemoryMB: k.memoryMB,
 			Size: p.base, Max: p.max, Target: int(p.target.Load()), Ready: len(p.ready), FromImage: p.img != nil,
-		})
+		}
+		if p.prestart != nil {
+			st.Prestart = slices.Clone(p.prestart.Start.Cmd)
+		}
+		out = append(out, st)
 	}
 	ps.mu.Unlock()
 	slices.SortFunc(out, func(a, b PoolStatus) int {

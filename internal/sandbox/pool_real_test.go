@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"os"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/driver/gvisor"
 	"github.com/spacesandbox/space/internal/store"
@@ -210,5 +212,84 @@ func TestPoolShrinksAfterBurst(t *testing.T) {
 	time.Sleep(2 * poolShrinkAfter)
 	if n := svc.PoolReady()["base"]; n != 1 {
 		t.Errorf("pool at its base went on shrinking: %d ready", n)
+	}
+}
+
+// TestPoolPrestart: a pool starts its Prestart process in each warm
+// sandbox, with its file written, and lets the sandbox join once the
+// process said it is ready. A create that keeps it finds the same process
+// running, tagged, and the process got the owner's env on its stdin at
+// the claim; any other create finds no process it did not start, in the
+// agent's list or in the sandbox.
+func TestPoolPrestart(t *testing.T) {
+	svc, st, tpl := realService(t)
+	ctx := context.Background()
+	ps := &Prestart{
+		Files: map[string][]byte{"/tmp/prestart/run.sh": []byte(`echo "pool env: [$OWNER]"; sleep 0.3; echo READY; read line; echo "claim: $line"; exec sleep 600` + "\n")},
+		Start: agentproto.StartRequest{Cmd: []string{"/bin/sh", "/tmp/prestart/run.sh"}, Tag: "prestarted"},
+		Ready: []byte("READY\n"),
+	}
+	svc.StartPool(ctx, tpl, PoolConfig{Template: "base", Size: 1, Prestart: ps})
+	claim := func(keep bool) (string, []agentproto.Process) {
+		t.Helper()
+		waitUntil(t, "the pool to fill", func() bool { return svc.PoolReady()["base"] == 1 })
+		pooled := pooledIDs(t, st)
+		sb, err := svc.Create(ctx, Caller{Team: "t"}, CreateRequest{Env: map[string]string{"OWNER": "alice"}, KeepPrestarted: keep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := pooled[sb.ID]; !ok {
+			t.Fatalf("create (keep %v) got %s, not the warm sandbox of %v", keep, sb.ID, pooled)
+		}
+		procs, err := svc.Processes(ctx, Caller{Team: "t"}, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb.ID, procs
+	}
+
+	id, procs := claim(true)
+	if len(procs) != 1 || procs[0].Tag != "prestarted" || !procs[0].Running {
+		t.Fatalf("kept: processes %+v, want the running prestarted one", procs)
+	}
+	evs, err := svc.Events(ctx, Caller{Team: "t"}, id, procs[0].PID, 1, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	want := `claim: {"init":{"env":{"OWNER":"alice"}}}` + "\n"
+	deadline := time.AfterFunc(30*time.Second, func() { evs.Close() })
+	for !bytes.Contains(out, []byte(want)) {
+		ev, err := evs.Next()
+		if err != nil {
+			break
+		}
+		out = append(out, ev.Data...)
+	}
+	deadline.Stop()
+	evs.Close()
+	if string(out) != "pool env: []\nREADY\n"+want {
+		t.Errorf("prestarted process printed %q, want the pool's empty env, ready, then the claim's line", out)
+	}
+
+	id, procs = claim(false)
+	if len(procs) != 0 {
+		t.Errorf("not kept: processes %+v, want none", procs)
+	}
+	pid, evs, err := svc.Run(ctx, Caller{Team: "t"}, id, ExecRequest{Cmd: []string{"ps", "-eo", "args"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = out[:0]
+	for {
+		ev, err := evs.Next()
+		if err != nil {
+			break
+		}
+		out = append(out, ev.Data...)
+	}
+	evs.Close()
+	if bytes.Contains(out, []byte("run.sh")) || bytes.Contains(out, []byte("sleep 600")) {
+		t.Errorf("not kept: the prestarted process still runs in the sandbox (ps, pid %d):\n%s", pid, out)
 	}
 }

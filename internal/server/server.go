@@ -121,6 +121,15 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if cfg.E2BListen != "" {
+		// The code interpreter's default kernel is running, its libraries
+		// loaded, in every sandbox of its template's pools.
+		for i := range pools {
+			if pools[i].Template == e2b.InterpreterTemplate {
+				pools[i].Prestart = e2b.KernelPrestart()
+			}
+		}
+	}
 	for _, p := range pools {
 		if !names[p.Driver] {
 			return fmt.Errorf("warm pool of %s on %s: driver %s is not among --drivers %s", p.Template, p.Driver, p.Driver, enabled)

@@ -45,6 +45,9 @@ type Pool struct {
 	Target    int    `json:"target"`     // what it refills to now
 	Ready     int    `json:"ready"`      // warm sandboxes waiting for a create
 	FromImage bool   `json:"from_image"` // refills by restoring a post-boot checkpoint
+	// Prestart is the command each of its sandboxes runs before it joins
+	// the pool (the E2B code interpreter's kernel), absent when none.
+	Prestart []string `json:"prestart,omitempty"`
 }
 
 // Pools (admin) lists the server's running warm pools.

@@ -3,6 +3,10 @@
 # Reads one JSON request per line on stdin ({"code", "env"}); writes each
 # message as "\x1e" + JSON + "\n" on stdout. Anything else on fd 1 (a
 # subprocess, os.write) is plain output the host passes on as stdout.
+# Started by a warm pool before its sandbox had an owner, it gets
+# "--preload m1,m2": it imports those, says {"type": "ready"}, and its
+# first line is {"init": {"env": {...}}} from the agent at the claim, the
+# owner's environment, which it makes its own.
 import ast, base64, io, json, os, signal, sys, threading, traceback
 
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -123,15 +127,47 @@ def _sigint(signum, frame):
         raise KeyboardInterrupt
 
 
+def _preload(names):
+    """Imports names (best effort, quietly: a missing module or a warning
+    is the owner's to see when their code imports it)."""
+    import contextlib, importlib, warnings
+    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass
+
+
+def _init(env):
+    """Takes the owner's environment (see the top)."""
+    os.environ.update(env)
+    backend = env.get("MPLBACKEND")
+    plt = sys.modules.get("matplotlib.pyplot")
+    if backend and plt is not None:
+        try:
+            plt.switch_backend(backend)
+        except Exception:
+            pass
+
+
 def main():
     global _running
     signal.signal(signal.SIGINT, _sigint)
+    if len(sys.argv) > 2 and sys.argv[1] == "--preload":
+        _preload([n for n in sys.argv[2].split(",") if n])
     sys.stdout, sys.stderr = _Stream("stdout"), _Stream("stderr")
+    if len(sys.argv) > 2:
+        _emit({"type": "ready"})
     count = 0
     for line in sys.stdin:
         try:
             req = json.loads(line)
         except ValueError:
+            continue
+        if "init" in req:
+            _init((req["init"] or {}).get("env") or {})
             continue
         count += 1
         _emit({"type": "number_of_executions", "execution_count": count})

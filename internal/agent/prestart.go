@@ -1,0 +1,71 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/agentproto"
+)
+
+// A warm pool may start a process before the sandbox has an owner (the
+// E2B code interpreter's kernel, so that a claimed sandbox's first
+// execution does not wait for Python and its libraries to load). Such a
+// process was started with the pool's environment, not the owner's; the
+// claim's Init settles it before anything else reaches the sandbox: kept,
+// it reads the owner's environment as one line on its stdin (and applies
+// it to itself); not kept, it is killed and forgotten.
+
+// prestartWait bounds how long an Init waits for a prestarted process to
+// take its line, or to exit once killed.
+const prestartWait = 2 * time.Second
+
+// settlePrestarted handles the processes started with InitStdin since the
+// last Init, for an Init that set env; keep says which way.
+func (a *Agent) settlePrestarted(env map[string]string, keep bool) {
+	a.mu.Lock()
+	var pending []*process
+	for _, p := range a.procs {
+		if p.initStdin {
+			p.initStdin = false
+			pending = append(pending, p)
+		}
+	}
+	a.mu.Unlock()
+	if len(pending) == 0 {
+		return
+	}
+	var line agentproto.InitLine
+	line.Init.Env = env
+	if line.Init.Env == nil {
+		line.Init.Env = map[string]string{}
+	}
+	b, _ := json.Marshal(line)
+	b = append(b, '\n')
+	for _, p := range pending {
+		if keep && p.snapshot().Running {
+			ctx, cancel := context.WithTimeout(context.Background(), prestartWait)
+			err := p.writeStdin(ctx, bytes.NewReader(b), false)
+			cancel()
+			if err == nil {
+				continue
+			}
+			// It cannot take the owner's environment: it must not run on
+			// with the pool's.
+			a.log.Warn("prestarted process did not take the identity; killing it", "pid", p.pid, "err", err)
+		}
+		_ = unix.Kill(-p.pid, unix.SIGKILL)
+		select {
+		case <-p.done:
+		case <-time.After(prestartWait):
+			a.log.Warn("prestarted process did not exit after SIGKILL", "pid", p.pid)
+		}
+		a.mu.Lock()
+		delete(a.procs, p.pid)
+		a.mu.Unlock()
+		a.balanceOutput()
+	}
+}
