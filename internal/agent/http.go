@@ -161,7 +161,10 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	a.sandboxID, a.initEnv = req.SandboxID, req.Env
 	a.mu.Unlock()
-	a.settlePrestarted(req.Env, req.KeepPrestarted)
+	if req.SandboxID != "" {
+		// The identity (not a restored pool sandbox's clock and entropy).
+		a.settlePrestarted(req.Env, req.KeepPrestarted)
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -148,8 +148,8 @@ type InitRequest struct {
 	// code-interpreter kernel): when true each gets this Init's Env on its
 	// stdin as one JSON line, InitLine, before the Init is answered; when
 	// false they are killed and forgotten, so a sandbox holds only what its
-	// owner starts. Either way it happens once, at the first Init after
-	// the process started.
+	// owner starts. Either way it happens once, at the first Init with a
+	// SandboxID (the identity) after the process started.
 	KeepPrestarted bool `json:"keep_prestarted,omitempty"`
 }
 
@@ -200,9 +200,9 @@ type StartRequest struct {
 	// as stdout events.
 	PTY *PTYSize `json:"pty,omitempty"`
 	// InitStdin marks a process started before the sandbox has its
-	// identity (a warm pool's, ahead of a claim): the next Init either
-	// writes an InitLine to its stdin (Stdin must be set) or kills it; see
-	// InitRequest.KeepPrestarted.
+	// identity (a warm pool's, ahead of a claim): the next Init that
+	// gives one either writes an InitLine to its stdin (Stdin must be set)
+	// or kills it; see InitRequest.KeepPrestarted.
 	InitStdin bool `json:"init_stdin,omitempty"`
 }
 

@@ -65,6 +65,11 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 	kept := hostAgent(t)
 	pre, other := start(kept, true), start(kept, false)
 	env := map[string]string{"TENANT": "alpha"}
+	// An Init without an identity (a pool sandbox restored from its
+	// image gets one with the clock and entropy) settles nothing.
+	if err := kept.Init(ctx, agentproto.InitRequest{Entropy: []byte("0123456789abcdef")}); err != nil {
+		t.Fatal(err)
+	}
 	if err := kept.Init(ctx, agentproto.InitRequest{SandboxID: "sb-1", Env: env, KeepPrestarted: true}); err != nil {
 		t.Fatal(err)
 	}
