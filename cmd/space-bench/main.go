@@ -255,6 +255,9 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 	if err := b.egressRows(); err != nil { // egress.go
 		return err
 	}
+	if err := b.interpreterRows(agent); err != nil { // interp.go; -interpreter 0 skips
+		return err
+	}
 	b.do("DELETE", "/v1/sandboxes/"+id, nil, nil)
 	return nil
 }
