@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store"
 )
 
 // output reads a process's stdout from its first event until its exit.
@@ -114,5 +116,53 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 	_, err := dropped.Start(ctx, agentproto.StartRequest{Cmd: []string{"true"}, InitStdin: true})
 	if !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("init_stdin without stdin: %v, want invalid argument", err)
+	}
+}
+
+// prestart waits for the process's Ready line, however the output is cut
+// into reads, and no longer than it must: a process that exits first or
+// never says it is ready does not hold the sandbox back from the pool
+// (past prestartTimeout it joins with the process still running).
+func TestPrestartWaitsForReady(t *testing.T) {
+	defer func(d time.Duration) { prestartTimeout = d }(prestartTimeout)
+	prestartTimeout = 2 * time.Second
+	c := hostAgent(t)
+	svc := New(Config{DataDir: t.TempDir()}, nil, nil, slog.New(slog.DiscardHandler), nil)
+	w := &warm{sb: store.Sandbox{ID: "sb-prestart"}, agent: c}
+	dir := t.TempDir()
+	run := func(script string) (time.Duration, agentproto.Process) {
+		t.Helper()
+		ps := &Prestart{
+			Files: map[string][]byte{dir + "/run.sh": []byte(script)},
+			Start: agentproto.StartRequest{Cmd: []string{"/bin/sh", dir + "/run.sh"}, Tag: script},
+			Ready: []byte("READY\n"),
+		}
+		t0 := time.Now()
+		svc.prestart(context.Background(), ps, w)
+		d := time.Since(t0)
+		procs, err := c.Processes(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(procs, func(p agentproto.Process) bool { return p.Tag == script })
+		if i < 0 {
+			t.Fatalf("%q: not started", script)
+		}
+		return d, procs[i]
+	}
+	// Ready cut across reads, after other output.
+	d, p := run("printf 'loading\\nRE'; sleep 0.3; printf 'ADY\\n'; exec sleep 60\n")
+	if !p.Running || d < 300*time.Millisecond || d >= prestartTimeout {
+		t.Errorf("ready in two reads: returned after %v (running %v), want once READY was printed", d, p.Running)
+	}
+	// A near miss is not ready.
+	d, p = run("printf 'READ\\nY\\n'; exec sleep 60\n")
+	if !p.Running || d < prestartTimeout {
+		t.Errorf("never ready: returned after %v, want after the %v timeout with the process running", d, prestartTimeout)
+	}
+	// An exit ends the wait at once.
+	d, p = run("echo loading; exit 3\n")
+	if p.Running || d >= prestartTimeout {
+		t.Errorf("exited: returned after %v (running %v), want at the exit", d, p.Running)
 	}
 }
