@@ -126,18 +126,7 @@ func runEnv(t *testing.T, c *agentclient.Client, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ev.Close()
-	var out []byte
-	for {
-		e, err := ev.Next()
-		if err != nil {
-			break
-		}
-		if e.Type == agentproto.EventStdout {
-			out = append(out, e.Data...)
-		}
-	}
-	return string(out)
+	return stdoutOf(ev)
 }
 
 // A claim's identity waits while creates are in flight (the burst is

@@ -25,6 +25,11 @@ func output(t *testing.T, c *agentclient.Client, pid int) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return stdoutOf(ev)
+}
+
+// stdoutOf reads an event stream to its end (and closes it): the stdout.
+func stdoutOf(ev *agentclient.EventStream) string {
 	defer ev.Close()
 	var out []byte
 	for {
