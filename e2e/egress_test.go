@@ -218,3 +218,44 @@ func runscPath(t *testing.T) string {
 	}
 	return p
 }
+
+// TestEgressWarmClaim: a create with a network policy and a secret is
+// served from the warm pool like any other (answered before the identity
+// reaches the agent); its first command already has the proxy env and a
+// placeholder, its traffic goes through the proxy with the secret swapped
+// in on the way to the bound host only, and the next warm sandbox, claimed
+// without a policy, has no network at all.
+func TestEgressWarmClaim(t *testing.T) {
+	const value = "warm-s3cr3t-never-inside"
+	up := startUpstream(t, "Bearer "+value)
+	s := startServer(t, "", "--egress-hosts", "allowed.test=127.0.0.1,other.test=127.0.0.1",
+		"--egress-allow-cidr", "127.0.0.1/32", "--egress-root-ca", up.caFile, "--pool-size", "1")
+	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
+		"name": "API_TOKEN", "value": value, "hosts": []string{"allowed.test"},
+		"inject": map[string]string{"header": "Authorization", "format": "Bearer {value}"},
+	}, nil); code != 201 {
+		t.Fatalf("put secret: %d", code)
+	}
+	allowed := fmt.Sprintf("allowed.test:%d", up.port)
+	other := fmt.Sprintf("other.test:%d", up.port)
+	waitFor(t, "the pool to fill", 90*time.Second, func() bool { return poolReady(t, s, "base") == 1 })
+	id := s.create(map[string]any{"network": map[string]any{"allow": []string{allowed}}, "secrets": []string{"API_TOKEN"}})
+	waitFor(t, "the claim in the log", 10*time.Second, func() bool {
+		return strings.Contains(s.logText(), `sandbox created from the warm pool" sandbox=`+id+" ")
+	})
+	r := s.sh(id, fmt.Sprintf(`echo "[$API_TOKEN] [$HTTPS_PROXY]"; curl -sS -H "Authorization: Bearer $API_TOKEN" https://%s/warm`, allowed))
+	if !strings.Contains(r.Stdout, "[space_ph_") || !strings.Contains(r.Stdout, "[http://127.0.0.1:3128]") || !strings.Contains(r.Stdout, "auth=valid") || strings.Contains(r.Stdout, value) {
+		t.Errorf("first command in a warm sandbox with a policy and a secret: %+v", r)
+	}
+	if r := s.sh(id, fmt.Sprintf(`curl -sS https://%s/x 2>&1; echo rc=$?`, other)); strings.Contains(r.Stdout, "host=") {
+		t.Errorf("a host outside the warm sandbox's policy was reached: %+v", r)
+	}
+	waitFor(t, "the pool to refill", 90*time.Second, func() bool { return poolReady(t, s, "base") == 1 })
+	plain := s.create(nil)
+	waitFor(t, "the second claim in the log", 10*time.Second, func() bool {
+		return strings.Contains(s.logText(), `sandbox created from the warm pool" sandbox=`+plain+" ")
+	})
+	if r := s.sh(plain, fmt.Sprintf(`echo "[$HTTPS_PROXY]"; curl -sS --max-time 5 https://%s/ 2>&1; echo rc=$?`, allowed)); !strings.Contains(r.Stdout, "[]") || strings.Contains(r.Stdout, "host=") {
+		t.Errorf("a warm sandbox claimed without a policy has network: %+v", r)
+	}
+}

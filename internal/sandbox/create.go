@@ -12,6 +12,7 @@ import (
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/egress"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/store"
 )
@@ -405,7 +406,10 @@ func (s *Service) putNetwork(ctx context.Context, id string, spec *NetworkSpec, 
 		n.Allow, n.Deny = strings.Join(spec.Allow, ","), strings.Join(spec.Deny, ",")
 	}
 	for _, name := range secrets {
-		n.Secrets[name] = name // replaced by a placeholder at bind time
+		// Minted again when bound to the agent (initAgent); minted here
+		// too, so a record bound before that (Recover, after a crash
+		// between a warm claim and its delivery) never maps a name.
+		n.Secrets[egress.NewPlaceholder()] = name
 	}
 	return s.store.PutNetwork(ctx, n)
 }

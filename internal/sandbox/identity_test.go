@@ -142,7 +142,7 @@ func TestIdentityYieldsToTheBurst(t *testing.T) {
 	claim := func(id string) *live {
 		l := &live{agent: c, ready: make(chan struct{}), urgent: make(chan struct{})}
 		l.opMu.Lock()
-		go svc.deliverIdentity(id, l, agentproto.InitRequest{SandboxID: id, Env: map[string]string{}})
+		go svc.deliverIdentity(store.Sandbox{ID: id}, l, agentproto.InitRequest{SandboxID: id, Env: map[string]string{}}, false)
 		return l
 	}
 	delivered := func(l *live, within time.Duration) bool {
