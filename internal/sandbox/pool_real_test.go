@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/driver/gvisor"
+	"github.com/spacesandbox/space/internal/egress"
 	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/testenv"
 )
@@ -291,5 +293,60 @@ func TestPoolPrestart(t *testing.T) {
 	evs.Close()
 	if bytes.Contains(out, []byte("run.sh")) || bytes.Contains(out, []byte("sleep 600")) {
 		t.Errorf("not kept: the prestarted process still runs in the sandbox (ps, pid %d):\n%s", pid, out)
+	}
+}
+
+// A warm claim with a network policy is answered before its delivery. A
+// server that died in between leaves, at restart, a running sandbox whose
+// agent has no identity: confirmIdentity must give it the network too
+// (proxy endpoint and env, the secret's placeholder), not the env alone.
+func TestConfirmIdentityBindsNetwork(t *testing.T) {
+	svc, st, tpl := realService(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	cas, err := egress.NewCAStore(filepath.Join(dir, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring := egress.NewRing(10)
+	proxy, err := egress.New(egress.Config{CAs: cas, Audit: ring, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetEgress(Egress{Proxy: proxy, Audit: ring, CAs: cas, SecretsDir: filepath.Join(dir, "secrets")})
+	owner := Caller{Team: "t"}
+	if _, err := svc.PutSecret(ctx, owner, SecretRequest{Name: "TOKEN", Value: "v", Hosts: []string{"example.com"},
+		Inject: egress.Injection{Header: "Authorization", Format: "Bearer {value}"}}); err != nil {
+		t.Fatal(err)
+	}
+	svc.StartPool(ctx, tpl, PoolConfig{Template: "base", Size: 1})
+	waitUntil(t, "the pool to fill", func() bool { return svc.PoolReady()["base"] == 1 })
+	var w *warm
+	svc.pools.mu.Lock()
+	for _, p := range svc.pools.byKey {
+		w = <-p.ready
+	}
+	svc.pools.mu.Unlock()
+
+	// What a claim stores before it answers, and nothing after.
+	sb := w.sb
+	sb.Team, sb.Env, sb.State = owner.Team, map[string]string{"OWNER": "alice"}, StateRunning
+	if err := svc.putNetwork(ctx, sb.ID, &NetworkSpec{Allow: []string{"example.com"}}, []string{"TOKEN"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.ClaimSandboxWithin(ctx, sb, store.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	l := &live{inst: w.inst, agent: w.agent, ready: make(chan struct{})}
+	svc.mu.Lock()
+	svc.live[sb.ID] = l
+	svc.mu.Unlock()
+	l.opMu.Lock()
+	svc.confirmIdentity(sb, l)
+
+	for name, want := range map[string]string{"OWNER": "alice", "HTTPS_PROXY": "http://127.0.0.1:3128", "TOKEN": "space_ph_"} {
+		if got := runEnv(t, w.agent, name); !strings.HasPrefix(got, want) {
+			t.Errorf("%s in the sandbox after the late delivery = %q, want %q…", name, got, want)
+		}
 	}
 }
