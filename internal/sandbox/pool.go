@@ -400,23 +400,20 @@ func (s *Service) discardWarm(w *warm) {
 //
 // One compare-and-set gives the record its owner and makes it running (a
 // network policy's record, with placeholders for its secrets, is stored
-// just before), and the create is answered at once; the identity (id,
-// env, fresh entropy: a
-// forced reseed of the guest's RNG, whose state a restored sandbox shares
-// with every clone of its pool's image) is delivered in the background,
-// after the sandbox got its normal CPU share back (both take a wake-up of
-// the sandbox, which on a small host costs more than the rest of a create)
-// and, with a network policy, the policy and placeholders bound to the
-// proxy and the agent given the endpoint, CA and proxy env with it.
-// Nothing reaches the guest before it: every request for the sandbox goes
-// through liveOf, which waits for it, and lifecycle operations wait on
-// opMu, held meanwhile. A pooled sandbox has no network until then. If the
-// delivery fails the sandbox is destroyed and requests get the error; if
-// the server dies meanwhile, Recover finds the agent without this id and
-// delivers it then, network and all (confirmIdentity). (Until this, claims
-// with a network policy bound it and delivered the identity before the
-// answer: every E2B create, whose default is internet access, took 10-27
-// ms instead of ~2.)
+// just before), and the create is answered at once. The identity (id,
+// env, fresh entropy: a forced reseed of the guest's RNG, whose state a
+// restored sandbox shares with every clone of its pool's image) is
+// delivered in the background, after the sandbox got its normal CPU share
+// back (both take a wake-up of the sandbox, which on a small host costs
+// more than the rest of a create); with a network policy, the policy and
+// placeholders are bound to the proxy and the agent gets the endpoint, CA
+// and proxy env with it. Nothing reaches the guest before it: every
+// request for the sandbox goes through liveOf, which waits for it, and
+// lifecycle operations wait on opMu, held meanwhile. A pooled sandbox has
+// no network until then. If the delivery fails the sandbox is destroyed
+// and requests get the error; if the server dies meanwhile, Recover finds
+// the agent without this id and delivers it then, network and all
+// (confirmIdentity).
 //
 // On failure before the answer the warm sandbox is destroyed, never put
 // back.
