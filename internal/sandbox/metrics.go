@@ -21,6 +21,11 @@ type Metrics struct {
 	// PoolShrinks counts warm sandboxes a pool destroyed because its
 	// create rate fell (it had held more than its target for a while).
 	PoolShrinks *prometheus.CounterVec
+	// PoolPrestarts counts the processes pools started in their warm
+	// sandboxes (PoolConfig.Prestart), by template and result: "ready",
+	// "timeout" (still loading when the sandbox joined the pool),
+	// "exited" (before it was ready) or "failed" (not started).
+	PoolPrestarts *prometheus.CounterVec
 	// OOMKills counts processes the agent killed because their sandbox
 	// reached its memory (driver.MemoryWatcher).
 	OOMKills prometheus.Counter
@@ -58,6 +63,9 @@ func NewMetrics(reg prometheus.Registerer, counts func(context.Context) (map[str
 		PoolShrinks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "space", Name: "pool_shrinks_total", Help: "Warm sandboxes destroyed because their pool's create rate fell.",
 		}, []string{"driver"}),
+		PoolPrestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "space", Name: "pool_prestarts_total", Help: "Processes warm pools started in their sandboxes ahead of a claim, by result (ready, timeout, exited, failed).",
+		}, []string{"template", "result"}),
 		OOMKills: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "space", Name: "sandbox_oom_kills_total", Help: "Processes killed because their sandbox reached its memory (the sandbox lives on).",
 		}),
@@ -68,7 +76,7 @@ func NewMetrics(reg prometheus.Registerer, counts func(context.Context) (map[str
 			Namespace: "space", Name: "snapshots_refused_total", Help: "Snapshots refused by a team's snapshot quota (team) or the disk reserve (disk).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency, m.PoolRefills, m.PoolImage, m.PoolShrinks, m.OOMKills, m.CreatesRefused, m.SnapshotsRefused)
+	reg.MustRegister(m.CreateLatency, m.CreateErrors, m.ExecLatency, m.PoolRefills, m.PoolImage, m.PoolShrinks, m.PoolPrestarts, m.OOMKills, m.CreatesRefused, m.SnapshotsRefused)
 	if counts != nil {
 		reg.MustRegister(&stateCollector{counts: counts, desc: prometheus.NewDesc("space_sandboxes", "Sandboxes by state.", []string{"state"}, nil)})
 	}

@@ -271,7 +271,10 @@ func (p *pool) fill(ctx context.Context) {
 			bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Minute)
 			w, err := p.refill(bctx)
 			if err == nil && p.prestart != nil {
-				p.s.prestart(bctx, p.prestart, w)
+				result := p.s.prestart(bctx, p.prestart, w)
+				if p.s.metrics != nil {
+					p.s.metrics.PoolPrestarts.WithLabelValues(p.tpl.Name, result).Inc()
+				}
 			}
 			bcancel()
 			if err == nil && ctx.Err() != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/driver"
@@ -251,6 +252,9 @@ func TestPoolPrestart(t *testing.T) {
 	}
 
 	id, procs := claim(true)
+	if n := testutil.ToFloat64(svc.metrics.PoolPrestarts.WithLabelValues("base", prestartReady)); n < 1 {
+		t.Errorf("space_pool_prestarts_total{template=base,result=ready} = %v after a prestart", n)
+	}
 	if len(procs) != 1 || procs[0].Tag != "prestarted" || !procs[0].Running {
 		t.Fatalf("kept: processes %+v, want the running prestarted one", procs)
 	}

@@ -52,9 +52,17 @@ func exitText(ev agentproto.Event) string {
 	return "unknown"
 }
 
-// prestart starts ps in the warm sandbox w; best effort: a sandbox where it
-// failed is still a good one.
-func (s *Service) prestart(ctx context.Context, ps *Prestart, w *warm) {
+// Results of a prestart (the metric's label).
+const (
+	prestartReady  = "ready"
+	prestartLate   = "timeout" // still loading when the sandbox joined the pool
+	prestartExited = "exited"  // ended before it was ready
+	prestartFailed = "failed"  // its files or its start failed
+)
+
+// prestart starts ps in the warm sandbox w and says how it went; best
+// effort: a sandbox where it failed is still a good one.
+func (s *Service) prestart(ctx context.Context, ps *Prestart, w *warm) string {
 	ctx, cancel := context.WithTimeout(ctx, prestartTimeout)
 	defer cancel()
 	log := s.log.With("sandbox", w.sb.ID)
@@ -62,7 +70,7 @@ func (s *Service) prestart(ctx context.Context, ps *Prestart, w *warm) {
 	for path, b := range ps.Files {
 		if _, err := w.agent.WriteFile(ctx, path, bytes.NewReader(b), 0o644, ""); err != nil {
 			log.Warn("warm pool: prestart: write file", "path", path, "err", err)
-			return
+			return prestartFailed
 		}
 	}
 	req := ps.Start
@@ -70,35 +78,35 @@ func (s *Service) prestart(ctx context.Context, ps *Prestart, w *warm) {
 	pid, evs, err := w.agent.Run(ctx, req)
 	if err != nil {
 		log.Warn("warm pool: prestart: start", "err", err)
-		return
+		return prestartFailed
 	}
 	defer evs.Close()
 	if len(ps.Ready) == 0 {
-		return
+		return prestartReady
 	}
 	var seen []byte // stdout so far, up to its last len(Ready)-1 bytes
 	for {
 		ev, err := evs.Next()
 		switch {
 		case errors.Is(err, io.EOF):
-			return
+			return prestartExited
 		case err != nil:
 			log.Warn("warm pool: prestarted process not ready; the sandbox joins the pool anyway", "pid", pid, "err", err, "after", time.Since(start).Round(time.Millisecond))
-			return
+			return prestartLate
 		}
 		switch ev.Type {
 		case agentproto.EventStdout:
 			seen = append(seen, ev.Data...)
 			if bytes.Contains(seen, ps.Ready) {
 				log.Debug("warm pool: prestarted process ready", "pid", pid, "ms", time.Since(start).Milliseconds())
-				return
+				return prestartReady
 			}
 			if keep := len(ps.Ready) - 1; len(seen) > keep {
 				seen = append(seen[:0], seen[len(seen)-keep:]...)
 			}
 		case agentproto.EventExit:
 			log.Warn("warm pool: prestarted process exited before it was ready", "pid", pid, "exit", exitText(ev))
-			return
+			return prestartExited
 		}
 	}
 }

@@ -135,7 +135,7 @@ func TestPrestartWaitsForReady(t *testing.T) {
 	svc := New(Config{DataDir: t.TempDir()}, nil, nil, slog.New(slog.DiscardHandler), nil)
 	w := &warm{sb: store.Sandbox{ID: "sb-prestart"}, agent: c}
 	dir := t.TempDir()
-	run := func(script string) (time.Duration, agentproto.Process) {
+	run := func(script, want string) (time.Duration, agentproto.Process) {
 		t.Helper()
 		ps := &Prestart{
 			Files: map[string][]byte{dir + "/run.sh": []byte(script)},
@@ -143,7 +143,9 @@ func TestPrestartWaitsForReady(t *testing.T) {
 			Ready: []byte("READY\n"),
 		}
 		t0 := time.Now()
-		svc.prestart(context.Background(), ps, w)
+		if got := svc.prestart(context.Background(), ps, w); got != want {
+			t.Errorf("%q: prestart says %s, want %s", script, got, want)
+		}
 		d := time.Since(t0)
 		procs, err := c.Processes(context.Background())
 		if err != nil {
@@ -156,17 +158,17 @@ func TestPrestartWaitsForReady(t *testing.T) {
 		return d, procs[i]
 	}
 	// Ready cut across reads, after other output.
-	d, p := run("printf 'loading\\nRE'; sleep 0.3; printf 'ADY\\n'; exec sleep 60\n")
+	d, p := run("printf 'loading\\nRE'; sleep 0.3; printf 'ADY\\n'; exec sleep 60\n", prestartReady)
 	if !p.Running || d < 300*time.Millisecond || d >= prestartTimeout {
 		t.Errorf("ready in two reads: returned after %v (running %v), want once READY was printed", d, p.Running)
 	}
 	// A near miss is not ready.
-	d, p = run("printf 'READ\\nY\\n'; exec sleep 60\n")
+	d, p = run("printf 'READ\\nY\\n'; exec sleep 60\n", prestartLate)
 	if !p.Running || d < prestartTimeout {
 		t.Errorf("never ready: returned after %v, want after the %v timeout with the process running", d, prestartTimeout)
 	}
 	// An exit ends the wait at once.
-	d, p = run("echo loading; exit 3\n")
+	d, p = run("echo loading; exit 3\n", prestartExited)
 	if p.Running || d >= prestartTimeout {
 		t.Errorf("exited: returned after %v (running %v), want at the exit", d, p.Running)
 	}
