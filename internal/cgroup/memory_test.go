@@ -462,8 +462,12 @@ func TestWatchMemoryEnds(t *testing.T) {
 		if err := WatchMemory(ctx, id, 32<<20, func(int64) int64 { return 0 }); err != nil {
 			t.Fatal(err)
 		}
-		if runtime.NumGoroutine() <= goroutines || fds() != open+2 {
-			t.Fatalf("watching: %d goroutines (%d before), %d fds (%d before): want the watch's and two eventfds", runtime.NumGoroutine(), goroutines, fds(), open)
+		// The watch's goroutine reads the cgroup's files, each open for a
+		// moment: the count settles at the two eventfds.
+		for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() <= goroutines || fds() != open+2; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("watching: %d goroutines (%d before), %d fds (%d before): want the watch's and two eventfds", runtime.NumGoroutine(), goroutines, fds(), open)
+			}
 		}
 		if end == "context" {
 			cancel()
