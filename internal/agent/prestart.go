@@ -63,9 +63,6 @@ func (a *Agent) settlePrestarted(env map[string]string, keep bool) {
 		case <-time.After(prestartWait):
 			a.log.Warn("prestarted process did not exit after SIGKILL", "pid", p.pid)
 		}
-		a.mu.Lock()
-		delete(a.procs, p.pid)
-		a.mu.Unlock()
-		a.balanceOutput()
+		a.forget(p)
 	}
 }

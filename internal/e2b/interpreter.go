@@ -222,25 +222,29 @@ const kernelReady = "\x1e{\"type\": \"ready\"}\n"
 // facade's creates keep it: CreateRequest.KeepPrestarted).
 func KernelPrestart() *sandbox.Prestart {
 	c := defaultContext("python")
+	file, src, argv := kernelOf(c.Language)
 	return &sandbox.Prestart{
-		Files: map[string][]byte{kernelDir + "/python.py": pythonKernel},
-		Start: agentproto.StartRequest{
-			Cmd: []string{"python3", "-u", kernelDir + "/python.py", "--preload", preloadModules},
-			Cwd: c.Cwd, Tag: kernelTag(c),
-		},
+		Files: map[string][]byte{file: src},
+		Start: agentproto.StartRequest{Cmd: append(argv, "--preload", preloadModules), Cwd: c.Cwd, Tag: kernelTag(c)},
 		Ready: []byte(kernelReady),
 	}
 }
 
+// kernelOf is where language's kernel driver is written in a sandbox, its
+// source, and the command that runs it.
+func kernelOf(language string) (file string, src []byte, argv []string) {
+	switch language {
+	case "javascript":
+		return kernelDir + "/javascript.js", javascriptKernel, []string{"node", kernelDir + "/javascript.js"}
+	case "bash":
+		return kernelDir + "/bash.py", bashKernel, []string{"python3", "-u", kernelDir + "/bash.py"}
+	}
+	return kernelDir + "/python.py", pythonKernel, []string{"python3", "-u", kernelDir + "/python.py"}
+}
+
 // start runs the context's kernel (c.mu held).
 func (h *Handler) startKernel(ctx context.Context, t envdTarget, c *codeContext) error {
-	file, src, argv := kernelDir+"/python.py", pythonKernel, []string{"python3", "-u", kernelDir + "/python.py"}
-	switch c.Language {
-	case "javascript":
-		file, src, argv = kernelDir+"/javascript.js", javascriptKernel, []string{"node", kernelDir + "/javascript.js"}
-	case "bash":
-		file, src, argv = kernelDir+"/bash.py", bashKernel, []string{"python3", "-u", kernelDir + "/bash.py"}
-	}
+	file, src, argv := kernelOf(c.Language)
 	if _, err := h.svc.WriteFile(ctx, t.caller, t.id, file, bytes.NewReader(src)); err != nil {
 		return err
 	}

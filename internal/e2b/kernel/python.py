@@ -155,10 +155,11 @@ def _init(env):
 def main():
     global _running
     signal.signal(signal.SIGINT, _sigint)
-    if len(sys.argv) > 2 and sys.argv[1] == "--preload":
+    prestarted = len(sys.argv) > 2 and sys.argv[1] == "--preload"
+    if prestarted:
         _preload([n for n in sys.argv[2].split(",") if n])
     sys.stdout, sys.stderr = _Stream("stdout"), _Stream("stderr")
-    if len(sys.argv) > 2:
+    if prestarted:
         _emit({"type": "ready"})
     count = 0
     for line in sys.stdin:
