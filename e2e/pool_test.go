@@ -241,7 +241,7 @@ func TestWarmPoolPerTemplate(t *testing.T) {
 	cmd := exec.Command(spaceBin(t), "pools")
 	cmd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+s.key)
 	out, err := cmd.CombinedOutput()
-	if err != nil || !regexp.MustCompile(`(?m)^python-data\s+gvisor\s+2\s+512 MiB\s+1\s+1\s+1\s+4\s+boot\s+-$`).Match(out) {
+	if err != nil || !regexp.MustCompile(`(?m)^python-data\s+gvisor\s+2\s+512 MiB\s+1\s+1\s+1\s+4\s+boot\s+flags\s+-$`).Match(out) {
 		t.Errorf("space pools: %v\n%s", err, out)
 	}
 
@@ -270,4 +270,145 @@ func TestWarmPoolPerTemplate(t *testing.T) {
 		}
 		s.do("DELETE", "/v1/sandboxes/"+sb.ID, s.key, nil, nil)
 	}
+}
+
+// poolSetting is PUT and DELETE /v1/pools/{template}'s answer.
+type poolSetting struct {
+	Template, Driver, Source, State string
+	Size, Max, CPU                  int
+	MemoryMB                        int       `json:"memory_mb"`
+	UpdatedAt                       time.Time `json:"updated_at"`
+}
+
+// poolsNow is GET /v1/pools.
+func poolsNow(t *testing.T, s *server) []poolSetting {
+	t.Helper()
+	var out struct{ Pools []poolSetting }
+	if code := s.do("GET", "/v1/pools", s.key, nil, &out); code != 200 {
+		t.Fatalf("GET /v1/pools: %d", code)
+	}
+	return out.Pools
+}
+
+// TestPoolSettings: an admin changes a warm pool while the server runs
+// (PUT /v1/pools/{template}, `space pools set`); the change applies at
+// once, is kept across a restart, replaces the command line's pool until
+// DELETE (`space pools reset`) brings that back, and size 0 turns a pool
+// off. Bad settings get a JSON error and change nothing; a team's key
+// cannot change pools.
+func TestPoolSettings(t *testing.T) {
+	s := startServer(t, "", "--pool-size", "1", "--snapshot-interval", "-1")
+	waitFor(t, "the base pool to fill", 90*time.Second, func() bool { return poolReady(t, s, "base") == 1 })
+	flagsPool := func(what string) {
+		t.Helper()
+		if ps := poolsNow(t, s); len(ps) != 1 || ps[0].Template != "base" || ps[0].Size != 1 || ps[0].Max != 4 || ps[0].Source != "flags" {
+			t.Fatalf("%s: pools %+v, want the command line's base pool of 1", what, ps)
+		}
+	}
+	flagsPool("at start")
+
+	var e apiError
+	if code := s.do("PUT", "/v1/pools/base", s.teamKey("pool-tenant"), map[string]int{"size": 8}, &e); code != 403 || e.Error != "permission_denied" {
+		t.Errorf("a team's key set a pool: %d %+v", code, e)
+	}
+	if code := s.do("DELETE", "/v1/pools/base", s.teamKey("pool-tenant"), nil, &e); code != 403 {
+		t.Errorf("a team's key reset a pool: %d %+v", code, e)
+	}
+	for _, c := range []struct {
+		path string
+		body any
+		code int
+		want string
+	}{
+		{"/v1/pools/base", map[string]any{}, 400, "give size"},
+		{"/v1/pools/base", map[string]any{"size": -1}, 400, "pool size -1"},
+		{"/v1/pools/base", map[string]any{"size": 65}, 400, "pool size 65"},
+		{"/v1/pools/base", map[string]any{"size": 2, "max": 1}, 400, "pool max 1"},
+		{"/v1/pools/base", map[string]any{"size": 1, "driver": "qemu"}, 400, "not enabled"},
+		{"/v1/pools/base", map[string]any{"size": 1, "memory_mb": 1}, 400, "memory"},
+		{"/v1/pools/base", map[string]any{"size": 1, "sizes": 2}, 400, "unknown field"},
+		{"/v1/pools/base", "[1]", 400, "JSON object"},
+		{"/v1/pools/nope", map[string]any{"size": 1}, 404, "no built-in template"},
+	} {
+		var e apiError
+		if code := s.do("PUT", c.path, s.key, c.body, &e); code != c.code || !strings.Contains(e.Message, c.want) {
+			t.Errorf("PUT %s %v: %d %+v, want %d with %q", c.path, c.body, code, e, c.code, c.want)
+		}
+	}
+	if code := s.do("DELETE", "/v1/pools/base", s.key, nil, &e); code != 404 || e.Error != "not_found" {
+		t.Errorf("DELETE of a pool never set: %d %+v, want 404", code, e)
+	}
+	flagsPool("after the refused settings")
+
+	// Grown: applies at once and refills.
+	var p poolSetting
+	if code := s.do("PUT", "/v1/pools/base", s.key, map[string]int{"size": 2}, &p); code != 200 ||
+		p.Source != "api" || p.State != "running" || p.Size != 2 || p.Max != 8 || p.Driver != "gvisor" || p.MemoryMB != 512 || p.CPU != 1 || p.UpdatedAt.IsZero() {
+		t.Fatalf("PUT size 2: %d %+v", code, p)
+	}
+	waitFor(t, "the grown pool to fill", 90*time.Second, func() bool { return poolReady(t, s, "base") == 2 })
+	if ps := poolsNow(t, s); len(ps) != 1 || ps[0].Size != 2 || ps[0].Source != "api" {
+		t.Fatalf("pools after PUT: %+v", ps)
+	}
+
+	// A template not built in this data dir waits for its build.
+	cli := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(spaceBin(t), args...)
+		cmd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+s.key)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("space %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	if out := cli("pools", "set", "python-data", "1", "--cpu", "2"); !strings.Contains(out, "python-data on gvisor: size 1, max 4, 512 MiB, 2 CPU (source api): waiting for template") {
+		t.Errorf("space pools set python-data: %q", out)
+	}
+	if out := cli("pools", "reset", "python-data"); !strings.Contains(out, "python-data on gvisor: no pool (source none)") {
+		t.Errorf("space pools reset python-data: %q", out)
+	}
+
+	// Kept across a restart.
+	s.stop(false)
+	s.start()
+	waitFor(t, "the pool set through the API to fill after the restart", 90*time.Second, func() bool { return poolReady(t, s, "base") == 2 })
+	if ps := poolsNow(t, s); len(ps) != 1 || ps[0].Size != 2 || ps[0].Max != 8 || ps[0].Source != "api" {
+		t.Fatalf("pools after the restart: %+v", ps)
+	}
+	if out := cli("pools"); !regexp.MustCompile(`(?m)^base\s+gvisor\s+1\s+512 MiB\s+2\s+2\s+2\s+8\s+boot\s+api\s+-$`).MatchString(out) {
+		t.Errorf("space pools after the restart:\n%s", out)
+	}
+
+	// Reset: the command line's pool again, the surplus destroyed at once.
+	if code := s.do("DELETE", "/v1/pools/base", s.key, nil, &p); code != 200 || p.Source != "flags" || p.Size != 1 || p.State != "running" {
+		t.Fatalf("DELETE: %d %+v", code, p)
+	}
+	flagsPool("after DELETE")
+	if n := poolReady(t, s, "base"); n != 1 {
+		t.Errorf("after DELETE the pool holds %d ready, want 1 at once", n)
+	}
+
+	// Off, and still off after a restart; a create is then cold.
+	if out := cli("pools", "set", "base", "0"); !strings.Contains(out, "base on gvisor: no pool (source api)") {
+		t.Errorf("space pools set base 0: %q", out)
+	}
+	if ps := poolsNow(t, s); len(ps) != 0 {
+		t.Fatalf("pools after size 0: %+v", ps)
+	}
+	waitFor(t, "the stopped pool's sandboxes to be destroyed", 30*time.Second, func() bool { return pooledCount(t, s) == 0 })
+	s.stop(false)
+	before := len(s.logText())
+	s.start()
+	id := s.create(nil)
+	if after := s.logText()[before:]; strings.Contains(after, "warm pool started") || strings.Contains(after, `sandbox created from the warm pool" sandbox=`+id) {
+		t.Errorf("a pool turned off through the API started after a restart")
+	}
+	if n := pooledCount(t, s); n != 0 {
+		t.Errorf("%d pooled sandboxes with the pool off", n)
+	}
+	if code := s.do("DELETE", "/v1/pools/base", s.key, nil, &p); code != 200 || p.Source != "flags" || p.Size != 1 {
+		t.Fatalf("DELETE of size 0: %d %+v", code, p)
+	}
+	waitFor(t, "the command line's pool to fill again", 90*time.Second, func() bool { return poolReady(t, s, "base") == 1 })
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"fmt"
 	"runtime/debug"
 	"strconv"
@@ -56,10 +57,12 @@ func (a *app) healthCommand() *cobra.Command {
 }
 
 func (a *app) poolsCommand() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "pools",
 		Short: "Show the warm pools: sandboxes started ahead of demand (admin)",
-		Args:  cobra.NoArgs,
+		Long: "Show the warm pools: sandboxes started ahead of demand (admin).\n\n" +
+			"`space pools set` changes one while the server runs; `space pools reset` returns it to the server's command line.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.sdk()
 			if err != nil {
@@ -69,7 +72,7 @@ func (a *app) poolsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := newTable(a.stdout, "TEMPLATE", "DRIVER", "CPU", "MEMORY", "READY", "TARGET", "SIZE", "MAX", "REFILL", "PRESTART")
+			tw := newTable(a.stdout, "TEMPLATE", "DRIVER", "CPU", "MEMORY", "READY", "TARGET", "SIZE", "MAX", "REFILL", "SOURCE", "PRESTART")
 			for _, p := range ps {
 				refill := "boot"
 				if p.FromImage {
@@ -80,11 +83,73 @@ func (a *app) poolsCommand() *cobra.Command {
 					prestart = strings.Join(p.Prestart, " ")
 				}
 				row(tw, p.Template, p.Driver, strconv.Itoa(p.CPU), strconv.Itoa(p.MemoryMB)+" MiB", strconv.Itoa(p.Ready),
-					strconv.Itoa(p.Target), strconv.Itoa(p.Size), strconv.Itoa(p.Max), refill, prestart)
+					strconv.Itoa(p.Target), strconv.Itoa(p.Size), strconv.Itoa(p.Max), refill, cmp.Or(p.Source, "-"), prestart)
 			}
 			return tw.Flush()
 		},
 	}
+	var req space.SetPoolRequest
+	set := &cobra.Command{
+		Use:   "set TEMPLATE SIZE",
+		Short: "Set a template's warm pool while the server runs (admin; kept across restarts until reset)",
+		Long: "Set a template's warm pool on a driver while the server runs (admin).\n\n" +
+			"It replaces the server's command line (--pool-size, --pool-drivers, --pools) for that template and driver, " +
+			"applies at once and is kept across restarts until `space pools reset`. SIZE 0 turns the pool off.",
+		Example: "  space pools set python-data 4\n  space pools set base 2 --driver qemu --memory 512\n  space pools set base 0",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := strconv.Atoi(args[1])
+			if err != nil || n < 0 {
+				return fmt.Errorf("SIZE %q: want a whole number, 0 or more", args[1])
+			}
+			req.Size = n
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			p, err := c.SetPool(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			a.printPoolSetting(p)
+			return nil
+		},
+	}
+	set.Flags().StringVar(&req.Driver, "driver", "", "driver (default: the server's)")
+	set.Flags().IntVar(&req.Max, "max", 0, "the most the pool grows to with the create rate (default 4×SIZE)")
+	set.Flags().IntVar(&req.MemoryMB, "memory", 0, "the pooled sandboxes' memory in MiB (default: a create's)")
+	set.Flags().IntVar(&req.CPU, "cpu", 0, "their CPUs (default: a create's)")
+	var driver string
+	reset := &cobra.Command{
+		Use:   "reset TEMPLATE",
+		Short: "Return a template's warm pool to the server's command line (admin)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			p, err := c.ResetPool(cmd.Context(), args[0], driver)
+			if err != nil {
+				return err
+			}
+			a.printPoolSetting(p)
+			return nil
+		},
+	}
+	reset.Flags().StringVar(&driver, "driver", "", "driver (default: the server's)")
+	cmd.AddCommand(set, reset)
+	return cmd
+}
+
+// printPoolSetting prints the pool that applies after a set or reset.
+func (a *app) printPoolSetting(p *space.PoolSetting) {
+	if p.Size == 0 {
+		fmt.Fprintf(a.stdout, "%s on %s: no pool (source %s)\n", p.Template, p.Driver, p.Source)
+		return
+	}
+	fmt.Fprintf(a.stdout, "%s on %s: size %d, max %d, %d MiB, %d CPU (source %s): %s\n",
+		p.Template, p.Driver, p.Size, p.Max, p.MemoryMB, p.CPU, p.Source, strings.ReplaceAll(p.State, "_", " "))
 }
 
 func (a *app) templateCommand() *cobra.Command {

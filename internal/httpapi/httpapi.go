@@ -45,6 +45,7 @@ type Config struct {
 	Service   *sandbox.Service
 	Store     *store.Store
 	Templates Templates
+	Pools     Pools // nil: pools change only with a restart
 	Health    Health
 	OpenAPI   []byte
 	Gatherer  prometheus.Gatherer
@@ -133,6 +134,8 @@ func New(cfg Config) *API {
 	auth("GET /v1/templates", a.listTemplates)
 	auth("POST /v1/templates/{name}/build", a.buildTemplate)
 	auth("GET /v1/pools", a.listPools)
+	auth("PUT /v1/pools/{template}", a.putPool)
+	auth("DELETE /v1/pools/{template}", a.deletePool)
 	auth("POST /v1/keys", a.createKey)
 	auth("GET /v1/keys", a.listKeys)
 	auth("DELETE /v1/keys/{id}", a.deleteKey)

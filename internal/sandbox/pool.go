@@ -52,6 +52,9 @@ type PoolConfig struct {
 	// Prestart, when set, is a process started in each of the pool's
 	// sandboxes before it joins the pool (prestart.go).
 	Prestart *Prestart
+	// Source says where the configuration came from, for operators
+	// ("flags", "api"; shown in PoolStatus).
+	Source string
 }
 
 // shape is what must match for a pooled sandbox to serve a create.
@@ -81,8 +84,6 @@ type pool struct {
 	s     *Service
 	shape shape
 	tpl   store.Template
-	base  int
-	max   int
 	ready chan *warm
 	kick  chan struct{}
 	img   *poolImage // nil: the pool refills by booting
@@ -94,9 +95,13 @@ type pool struct {
 	done   chan struct{}
 	// demand holds the times of recent creates of the pool's shape,
 	// served from it or not, for the adaptive target.
-	mu     sync.Mutex
-	demand []time.Time
-	boot   time.Duration // last boot time
+	mu sync.Mutex
+	// base is the size it keeps at the least, max the most its target
+	// grows to, source where they came from (SetPool changes all three).
+	base, max int
+	source    string
+	demand    []time.Time
+	boot      time.Duration // last boot time
 	// starved is set (by fill only) while the host is below its memory
 	// reserve, so the refusal is logged once.
 	starved bool
@@ -118,6 +123,35 @@ func (ps *pools) get(k shape) *pool {
 	return ps.byKey[k]
 }
 
+// MaxPoolSize caps a pool's Size; its adaptive target grows to at most
+// MaxPoolTarget (what a pool's ready channel holds).
+const (
+	MaxPoolSize   = 64
+	MaxPoolTarget = 4 * MaxPoolSize
+)
+
+// CheckPool validates cfg as StartPool and SetPool take it and returns it
+// with its driver, CPUs and memory resolved (a create's defaults where
+// they are zero) and Max defaulted (4×Size, at most MaxPoolTarget).
+// Errors: errdefs.ErrInvalidArgument.
+func (s *Service) CheckPool(cfg PoolConfig) (PoolConfig, error) {
+	if cfg.Size < 0 || cfg.Size > MaxPoolSize {
+		return cfg, errdefs.InvalidArgument("pool size %d: want 0 to %d", cfg.Size, MaxPoolSize)
+	}
+	if cfg.Max != 0 && (cfg.Max < cfg.Size || cfg.Max > MaxPoolTarget) {
+		return cfg, errdefs.InvalidArgument("pool max %d: want the size (%d) to %d, or 0 for 4×size", cfg.Max, cfg.Size, MaxPoolTarget)
+	}
+	if cfg.Max == 0 {
+		cfg.Max = min(4*cfg.Size, MaxPoolTarget)
+	}
+	req := CreateRequest{Template: cfg.Template, Driver: cfg.Driver, MemoryMB: cfg.MemoryMB, CPU: cfg.CPU}
+	if err := s.validateCreate(&req); err != nil {
+		return cfg, err
+	}
+	cfg.Driver, cfg.CPU, cfg.MemoryMB = req.Driver, req.CPU, req.MemoryMB
+	return cfg, nil
+}
+
 // StartPool keeps cfg.Size warm sandboxes of template tpl, cfg's driver
 // and size, refilling in the background and growing the target with the
 // create rate. Starting a pool that runs already does nothing; a pool of
@@ -129,15 +163,61 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 	if cfg.Size <= 0 {
 		return
 	}
-	if cfg.Max < cfg.Size {
-		cfg.Max = 4 * cfg.Size
-	}
-	req := CreateRequest{Template: tpl.Name, Driver: cfg.Driver, MemoryMB: cfg.MemoryMB, CPU: cfg.CPU}
-	if err := s.validateCreate(&req); err != nil {
+	cfg, err := s.CheckPool(cfg)
+	if err != nil {
 		s.log.Error("warm pool not started", "template", tpl.Name, "err", err)
 		return
 	}
-	k := shape{digest: tpl.Digest, driver: req.Driver, cpu: req.CPU, memoryMB: req.MemoryMB}
+	s.startPool(ctx, tpl, cfg, false)
+}
+
+// SetPool makes the pools of tpl on cfg's driver what cfg says, while the
+// server runs: a running pool of the same shape takes the new size and
+// max at once (its warm sandboxes stay; those above the new target are
+// destroyed now, not after the shrink delay); a pool of another shape
+// (CPUs, memory, or an older build of the template) is retired and one
+// of cfg's shape started; a Size of 0 stops the template's pool on that
+// driver and destroys its warm sandboxes. Errors: as CheckPool.
+func (s *Service) SetPool(ctx context.Context, tpl store.Template, cfg PoolConfig) error {
+	cfg.Template = tpl.Name
+	cfg, err := s.CheckPool(cfg)
+	if err != nil {
+		return err
+	}
+	if cfg.Size == 0 {
+		s.StopPool(tpl.Name, cfg.Driver)
+		return nil
+	}
+	s.startPool(ctx, tpl, cfg, true)
+	return nil
+}
+
+// StopPool stops the pools of a template on a driver: creates no longer
+// find them at once, and their warm sandboxes are destroyed in the
+// background, after a refill in flight (never cut short) ended.
+func (s *Service) StopPool(template, drv string) {
+	s.poolsMu.Lock()
+	ps := s.pools
+	s.poolsMu.Unlock()
+	if ps == nil {
+		return
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for k, p := range ps.byKey {
+		if p.tpl.Name == template && k.driver == drv {
+			delete(ps.byKey, k)
+			ps.wg.Go(func() { s.retirePool(p) })
+		}
+	}
+}
+
+// startPool starts cfg's pool (cfg checked); with resize, a running pool
+// of the same shape takes cfg's size and max, and every other pool of the
+// template on the driver is retired. Without it, only older builds of the
+// same shape are.
+func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolConfig, resize bool) {
+	k := shape{digest: tpl.Digest, driver: cfg.Driver, cpu: cfg.CPU, memoryMB: cfg.MemoryMB}
 	s.poolsMu.Lock()
 	if s.pools == nil {
 		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -149,19 +229,26 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 	ps := s.pools
 	s.poolsMu.Unlock()
 	ps.mu.Lock()
-	if ps.byKey[k] != nil {
-		ps.mu.Unlock()
-		return
-	}
 	for old, op := range ps.byKey {
-		if op.tpl.Name == tpl.Name && old.driver == k.driver && old.cpu == k.cpu && old.memoryMB == k.memoryMB {
+		if op.tpl.Name != tpl.Name || old.driver != k.driver || old == k {
+			continue
+		}
+		if resize || (old.cpu == k.cpu && old.memoryMB == k.memoryMB) {
 			delete(ps.byKey, old)
 			ps.wg.Go(func() { s.retirePool(op) })
 		}
 	}
+	if p := ps.byKey[k]; p != nil {
+		ps.mu.Unlock()
+		if resize {
+			p.resize(cfg)
+		}
+		return
+	}
 	pctx, cancel := context.WithCancel(s.poolCtx)
 	p := &pool{
-		s: s, shape: k, tpl: tpl, base: cfg.Size, max: cfg.Max, ready: make(chan *warm, cfg.Max), kick: make(chan struct{}, 1),
+		s: s, shape: k, tpl: tpl, base: cfg.Size, max: cfg.Max, source: cfg.Source,
+		ready: make(chan *warm, MaxPoolTarget), kick: make(chan struct{}, 1),
 		cancel: cancel, done: make(chan struct{}), prestart: cfg.Prestart,
 	}
 	if cfg.FromImage {
@@ -180,6 +267,36 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 		p.fill(pctx)
 	})
 	s.log.Info("warm pool started", "template", tpl.Name, "driver", k.driver, "size", cfg.Size, "max", cfg.Max, "memory_mb", k.memoryMB, "from_image", p.img != nil)
+}
+
+// resize gives a running pool a new size and max: its target follows at
+// once, warm sandboxes above it are destroyed now, and a grown pool starts
+// refilling.
+func (p *pool) resize(cfg PoolConfig) {
+	p.mu.Lock()
+	changed := p.base != cfg.Size || p.max != cfg.Max
+	p.base, p.max, p.source = cfg.Size, cfg.Max, cfg.Source
+	p.mu.Unlock()
+	if !changed {
+		return
+	}
+	p.adapt()
+	n := 0
+	for int64(len(p.ready)) > p.target.Load() {
+		select {
+		case w := <-p.ready:
+			p.s.discardWarm(w)
+			n++
+			continue
+		default:
+		}
+		break
+	}
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+	p.s.log.Info("warm pool resized", "template", p.tpl.Name, "driver", p.shape.driver, "size", cfg.Size, "max", cfg.Max, "target", p.target.Load(), "destroyed", n)
 }
 
 // take returns a warm sandbox, or nil when the pool is empty (the caller
@@ -294,6 +411,11 @@ func (p *pool) fill(ctx context.Context) {
 			p.mu.Lock()
 			p.boot = time.Since(start)
 			p.mu.Unlock()
+			if int64(len(p.ready)) >= p.target.Load() {
+				// Shrunk while it booted (SetPool).
+				p.s.discardWarm(w)
+				continue
+			}
 			p.s.prewatch(w)
 			select {
 			case p.ready <- w:
@@ -616,13 +738,15 @@ func (s *Service) StopPools() {
 	s.log.Info("warm pools drained", "destroyed", n)
 }
 
-// retirePool stops a pool that was replaced and destroys its warm
-// sandboxes, after its refill in flight (never cut short) ended.
+// retirePool stops a pool that was replaced (its template was rebuilt, or
+// SetPool gave it another shape) or stopped, and destroys its warm sandboxes, after
+// its refill in flight (never cut short) ended.
 func (s *Service) retirePool(p *pool) {
 	p.cancel()
 	<-p.done
 	n := s.drainPool(p)
-	s.log.Info("warm pool retired: its template was rebuilt", "template", p.tpl.Name, "digest", p.tpl.Digest[:min(12, len(p.tpl.Digest))], "driver", p.shape.driver, "destroyed", n)
+	s.log.Info("warm pool retired", "template", p.tpl.Name, "digest", p.tpl.Digest[:min(12, len(p.tpl.Digest))], "driver", p.shape.driver,
+		"cpu", p.shape.cpu, "memory_mb", p.shape.memoryMB, "destroyed", n)
 }
 
 // drainPool destroys a stopped pool's warm sandboxes and its image,
@@ -650,7 +774,7 @@ type PoolStatus struct {
 	Driver    string `json:"driver"`
 	CPU       int    `json:"cpu"`
 	MemoryMB  int    `json:"memory_mb"`
-	Size      int    `json:"size"`       // the base size it was started with
+	Size      int    `json:"size"`       // the base size it keeps
 	Max       int    `json:"max"`        // the most its target grows to
 	Target    int    `json:"target"`     // what it refills to now (size plus the create rate's share)
 	Ready     int    `json:"ready"`      // warm sandboxes waiting for a create
@@ -658,6 +782,9 @@ type PoolStatus struct {
 	// Prestart is the command each of its sandboxes runs before it joins
 	// the pool (PoolConfig.Prestart), absent when none.
 	Prestart []string `json:"prestart,omitempty"`
+	// Source is where its size came from: "flags" (the server's command
+	// line) or "api" (PUT /v1/pools/{template}, kept across restarts).
+	Source string `json:"source,omitempty"`
 }
 
 // Pools reports the running warm pools, by template, driver, CPUs and
@@ -672,10 +799,13 @@ func (s *Service) Pools() []PoolStatus {
 	}
 	ps.mu.Lock()
 	for k, p := range ps.byKey {
+		p.mu.Lock()
 		st := PoolStatus{
 			Template: p.tpl.Name, Digest: k.digest, Driver: k.driver, CPU: k.cpu, MemoryMB: k.memoryMB,
 			Size: p.base, Max: p.max, Target: int(p.target.Load()), Ready: len(p.ready), FromImage: p.img != nil,
+			Source: p.source,
 		}
+		p.mu.Unlock()
 		if p.prestart != nil {
 			st.Prestart = slices.Clone(p.prestart.Start.Cmd)
 		}

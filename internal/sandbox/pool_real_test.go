@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/driver/gvisor"
 	"github.com/spacesandbox/space/internal/egress"
+	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/testenv"
 )
@@ -215,6 +217,110 @@ func TestPoolShrinksAfterBurst(t *testing.T) {
 	time.Sleep(2 * poolShrinkAfter)
 	if n := svc.PoolReady()["base"]; n != 1 {
 		t.Errorf("pool at its base went on shrinking: %d ready", n)
+	}
+}
+
+// TestSetPool: a running pool changes size while the server runs. Grown,
+// it refills to the new size; shrunk, it destroys the surplus at once
+// (not after poolShrinkAfter); given another memory, the old pool and its
+// sandboxes go and one of the new shape fills and serves creates of it;
+// at size 0 it stops and nothing of it is left. Bad settings are refused
+// and change nothing.
+func TestSetPool(t *testing.T) {
+	svc, st, tpl := realService(t)
+	ctx := context.Background()
+	for _, bad := range []PoolConfig{{Size: -1}, {Size: MaxPoolSize + 1}, {Size: 2, Max: 1}, {Size: 1, Max: MaxPoolTarget + 1}, {Size: 1, MemoryMB: 1}, {Size: 1, Driver: "nope"}} {
+		if err := svc.SetPool(ctx, tpl, bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("SetPool(%+v) = %v, want invalid argument", bad, err)
+		}
+	}
+	if ps := svc.Pools(); len(ps) != 0 {
+		t.Fatalf("refused settings started pools: %+v", ps)
+	}
+	if err := svc.SetPool(ctx, tpl, PoolConfig{Size: 1, Source: "api"}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the pool to fill", func() bool { return svc.PoolReady()["base"] == 1 })
+	first := pooledIDs(t, st)
+
+	if err := svc.SetPool(ctx, tpl, PoolConfig{Size: 3, Max: 5, Source: "api"}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the grown pool to fill", func() bool { return svc.PoolReady()["base"] == 3 })
+	grown := pooledIDs(t, st)
+	for id := range first {
+		if grown[id] == "" {
+			t.Errorf("growing the pool destroyed its warm sandbox %s", id)
+		}
+	}
+	ps := svc.Pools()
+	if len(ps) != 1 || ps[0].Size != 3 || ps[0].Max != 5 || ps[0].Target != 3 || ps[0].Source != "api" {
+		t.Fatalf("pools after growing: %+v", ps)
+	}
+
+	// Shrunk: the surplus goes before SetPool returns.
+	if err := svc.SetPool(ctx, tpl, PoolConfig{Size: 1, Source: "api"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := svc.PoolReady()["base"]; n != 1 {
+		t.Fatalf("shrunk pool holds %d ready, want 1 at once", n)
+	}
+	if n := len(pooledIDs(t, st)); n != 1 {
+		t.Fatalf("shrunk pool left %d pooled records, want 1", n)
+	}
+	for id := range grown {
+		if pooledIDs(t, st)[id] != "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(svc.cfg.DataDir, "sandboxes", id)); !os.IsNotExist(err) {
+			t.Errorf("warm sandbox %s destroyed by the shrink left its state dir: %v", id, err)
+		}
+	}
+	if ps := svc.Pools(); len(ps) != 1 || ps[0].Size != 1 || ps[0].Max != 4 {
+		t.Fatalf("pools after shrinking: %+v", ps)
+	}
+
+	// Another memory: another shape. The old pool is retired, and a
+	// create of the new memory is served warm.
+	kept := pooledIDs(t, st)
+	if err := svc.SetPool(ctx, tpl, PoolConfig{Size: 1, MemoryMB: 384, Source: "api"}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the old shape to go and the new one to fill", func() bool {
+		now := pooledIDs(t, st)
+		for id := range kept {
+			if now[id] != "" {
+				return false
+			}
+		}
+		return len(now) == 1 && svc.PoolReady()["base"] == 1
+	})
+	if ps := svc.Pools(); len(ps) != 1 || ps[0].MemoryMB != 384 {
+		t.Fatalf("pools after the new memory: %+v", ps)
+	}
+	var warmID string
+	for id := range pooledIDs(t, st) {
+		warmID = id
+	}
+	sb, err := svc.Create(ctx, Caller{Team: "t"}, CreateRequest{Template: "base", MemoryMB: 384})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.ID != warmID {
+		t.Errorf("create of 384 MiB got %s, want the warm %s", sb.ID, warmID)
+	}
+
+	// Off: the pool stops, its sandboxes (and the refill the claim
+	// started) are destroyed, and the claimed sandbox is untouched.
+	if err := svc.SetPool(ctx, tpl, PoolConfig{Size: 0, MemoryMB: 384}); err != nil {
+		t.Fatal(err)
+	}
+	if ps := svc.Pools(); len(ps) != 0 {
+		t.Fatalf("pools after size 0: %+v", ps)
+	}
+	waitUntil(t, "the stopped pool's sandboxes to be destroyed", func() bool { return len(pooledIDs(t, st)) == 0 })
+	if pid, err := svc.Exec(ctx, Caller{Team: "t"}, sb.ID, ExecRequest{Cmd: []string{"true"}}); err != nil || pid <= 0 {
+		t.Errorf("exec in the claimed sandbox after its pool stopped: pid %d, %v", pid, err)
 	}
 }
 

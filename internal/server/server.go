@@ -121,15 +121,6 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	if cfg.E2BListen != "" {
-		// The code interpreter's default kernel is running, its libraries
-		// loaded, in every sandbox of its template's pools.
-		for i := range pools {
-			if pools[i].Template == e2b.InterpreterTemplate {
-				pools[i].Prestart = e2b.KernelPrestart()
-			}
-		}
-	}
 	for _, p := range pools {
 		if !names[p.Driver] {
 			return fmt.Errorf("warm pool of %s on %s: driver %s is not among --drivers %s", p.Template, p.Driver, p.Driver, enabled)
@@ -159,6 +150,10 @@ func Run(ctx context.Context, cfg Config) error {
 		},
 	}, st, drivers, log, metrics)
 	sandbox.RegisterPoolReady(reg, svc.PoolReady)
+	poolMgr, err := newPoolManager(ctx, svc, st, log, names, cfg.Driver, cfg.E2BListen != "", pools)
+	if err != nil {
+		return err
+	}
 	snaps, err := snapshot.New(filepath.Join(cfg.DataDir, "snapshots"))
 	if err != nil {
 		return fmt.Errorf("snapshot store: %w", err)
@@ -191,7 +186,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("template cache: %w", err)
 	}
-	tpls := &templates{store: st, builder: builder, log: log}
+	tpls := &templates{store: st, builder: builder, log: log, ready: poolMgr.templateReady}
 	health := &health{detail: "default template " + cfg.DefaultTemplate + " not ready yet"}
 
 	var apiGatherer prometheus.Gatherer = reg // /metrics on the API listener unless it has its own
@@ -199,7 +194,7 @@ func Run(ctx context.Context, cfg Config) error {
 		apiGatherer = nil
 	}
 	api := httpapi.New(httpapi.Config{
-		Service: svc, Store: st, Templates: tpls, Health: health.get,
+		Service: svc, Store: st, Templates: tpls, Pools: poolMgr, Health: health.get,
 		OpenAPI: api.OpenAPI, Gatherer: apiGatherer, Log: log,
 		Security: security.NewLocal(cfg.DataDir, log),
 	})
@@ -234,24 +229,16 @@ func Run(ctx context.Context, cfg Config) error {
 	// Warm pools start when their template is ready: the default one once
 	// ensureTemplate built it, others at once when this data dir has them,
 	// else when an admin builds them (POST /v1/templates/{name}/build),
-	// and again (on its new digest) when one is rebuilt.
-	tpls.ready = func(tpl store.Template) {
-		for _, p := range pools {
-			if p.Template == tpl.Name {
-				svc.StartPool(bg, tpl, p)
-			}
-		}
-	}
-	started := map[string]bool{cfg.DefaultTemplate: true}
-	for _, p := range pools {
-		if started[p.Template] {
+	// and again (on its new digest) when one is rebuilt. An admin's pool
+	// setting (PUT /v1/pools/{template}) replaces the command line's.
+	for _, name := range poolMgr.templates() {
+		if name == cfg.DefaultTemplate {
 			continue
 		}
-		started[p.Template] = true
-		if tpl, err := st.GetTemplate(ctx, p.Template); err == nil && tpl.Status == store.TemplateReady {
+		if tpl, err := st.GetTemplate(ctx, name); err == nil && tpl.Status == store.TemplateReady {
 			tpls.ready(tpl)
 		} else {
-			log.Warn("warm pool waits for its template: build it to start the pool", "template", p.Template, "build", "space template build "+p.Template)
+			log.Warn("warm pool waits for its template: build it to start the pool", "template", name, "build", "space template build "+name)
 		}
 	}
 	go func() {

@@ -150,6 +150,20 @@ ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0;
 DROP INDEX sandboxes_live_team;
 CREATE INDEX sandboxes_live_team ON sandboxes(team, state, memory_mb, cpu) WHERE state IN ('creating', 'running', 'paused', 'stopping');
 `,
+	// 12: warm pools an admin set through the API (PUT /v1/pools), each
+	// replacing the command line's pool of its template and driver.
+	`
+CREATE TABLE pool_settings (
+	template   TEXT NOT NULL,
+	driver     TEXT NOT NULL,
+	size       INTEGER NOT NULL,
+	max        INTEGER NOT NULL,
+	memory_mb  INTEGER NOT NULL,
+	cpu        INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL,
+	PRIMARY KEY (template, driver)
+);
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

@@ -418,6 +418,40 @@ func TestKeys(t *testing.T) {
 	}
 }
 
+// SetPool sends size 0 (it turns a pool off) and only the fields given;
+// ResetPool names the driver only when given.
+func TestSetPoolAndResetPool(t *testing.T) {
+	var got []string
+	c := fake(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = append(got, r.Method+" "+r.URL.RequestURI()+" "+strings.TrimSpace(string(b)))
+		writeJSON(w, 200, map[string]any{"template": "base", "driver": "qemu", "size": 0, "source": "flags", "state": "running", "updated_at": "2026-12-02T07:00:00Z"})
+	})
+	ctx := t.Context()
+	if _, err := c.SetPool(ctx, "base", SetPoolRequest{Size: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetPool(ctx, "python-data", SetPoolRequest{Size: 3, Max: 9, Driver: "qemu", MemoryMB: 1024, CPU: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ResetPool(ctx, "base", ""); err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.ResetPool(ctx, "base", "qemu")
+	if err != nil || p.Source != "flags" || p.Driver != "qemu" || p.UpdatedAt.IsZero() {
+		t.Fatalf("ResetPool = %+v, %v", p, err)
+	}
+	want := []string{
+		`PUT /v1/pools/base {"size":0}`,
+		`PUT /v1/pools/python-data {"size":3,"max":9,"driver":"qemu","memory_mb":1024,"cpu":2}`,
+		`DELETE /v1/pools/base `,
+		`DELETE /v1/pools/base?driver=qemu `,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("requests:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 func TestPTY(t *testing.T) {
 	c := fake(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer k3y" || r.URL.Query().Get("cols") != "100" {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"time"
 )
 
@@ -48,6 +49,63 @@ type Pool struct {
 	// Prestart is the command each of its sandboxes runs before it joins
 	// the pool (the E2B code interpreter's kernel), absent when none.
 	Prestart []string `json:"prestart,omitempty"`
+	// Source is where its size comes from: "flags" (the server's command
+	// line) or "api" (SetPool).
+	Source string `json:"source,omitempty"`
+}
+
+// SetPoolRequest is a warm pool of one template and driver as an admin
+// sets it. Zero fields take the defaults: the server's driver, 4×Size for
+// Max, a create's memory and CPUs.
+type SetPoolRequest struct {
+	Size     int    `json:"size"` // warm sandboxes kept ready; 0 turns the pool off
+	Max      int    `json:"max,omitempty"`
+	Driver   string `json:"driver,omitempty"`
+	MemoryMB int    `json:"memory_mb,omitempty"`
+	CPU      int    `json:"cpu,omitempty"`
+}
+
+// PoolSetting is the warm pool of one template and driver that applies
+// after SetPool or ResetPool.
+type PoolSetting struct {
+	Template string `json:"template"`
+	Driver   string `json:"driver"`
+	Size     int    `json:"size"`
+	Max      int    `json:"max"`
+	MemoryMB int    `json:"memory_mb"`
+	CPU      int    `json:"cpu"`
+	// Source: "api" (a stored setting), "flags" (the command line), "none".
+	Source string `json:"source"`
+	// State: "running", "waiting_for_template" (it starts once the
+	// template is built), "off".
+	State     string    `json:"state"`
+	UpdatedAt time.Time `json:"updated_at"` // zero when no setting applies
+}
+
+// SetPool (admin) sets a template's warm pool on a driver while the
+// server runs, replacing the command line's; the setting outlives
+// restarts until ResetPool.
+func (c *Client) SetPool(ctx context.Context, template string, req SetPoolRequest) (*PoolSetting, error) {
+	var out PoolSetting
+	if err := c.do(ctx, request{method: http.MethodPut, path: "/v1/pools/" + seg(template), json: req}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ResetPool (admin) deletes the setting SetPool made for a template on a
+// driver ("": the server's default), so the command line's pool applies
+// again.
+func (c *Client) ResetPool(ctx context.Context, template, driver string) (*PoolSetting, error) {
+	var q url.Values
+	if driver != "" {
+		q = url.Values{"driver": {driver}}
+	}
+	var out PoolSetting
+	if err := c.do(ctx, request{method: http.MethodDelete, path: "/v1/pools/" + seg(template), query: q}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // Pools (admin) lists the server's running warm pools.
