@@ -212,6 +212,12 @@ func TestWarmPoolPerTemplate(t *testing.T) {
 	if n := poolReady(t, s, "python-data"); n > 0 {
 		t.Fatalf("python-data's pool has %d ready before the template was built here", n)
 	}
+	// GET /v1/pools shows it waiting.
+	var waiting struct{ Pools []poolSetting }
+	if code := s.do("GET", "/v1/pools", s.key, nil, &waiting); code != 200 || len(waiting.Pools) != 2 ||
+		waiting.Pools[1].Template != "python-data" || waiting.Pools[1].State != "waiting_for_template" || waiting.Pools[1].CPU != 2 || waiting.Pools[1].Source != "flags" {
+		t.Errorf("GET /v1/pools before the build: %d %+v, want python-data waiting for its template", code, waiting.Pools)
+	}
 	s.buildTemplate("python-data")
 	waitFor(t, "the python-data pool to fill", 120*time.Second, func() bool { return poolReady(t, s, "python-data") == 1 })
 
@@ -241,7 +247,7 @@ func TestWarmPoolPerTemplate(t *testing.T) {
 	cmd := exec.Command(spaceBin(t), "pools")
 	cmd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+s.key)
 	out, err := cmd.CombinedOutput()
-	if err != nil || !regexp.MustCompile(`(?m)^python-data\s+gvisor\s+2\s+512 MiB\s+1\s+1\s+1\s+4\s+boot\s+flags\s+-$`).Match(out) {
+	if err != nil || !regexp.MustCompile(`(?m)^python-data\s+gvisor\s+2\s+512 MiB\s+running\s+1\s+1\s+1\s+4\s+boot\s+flags\s+-$`).Match(out) {
 		t.Errorf("space pools: %v\n%s", err, out)
 	}
 
@@ -301,7 +307,7 @@ func TestPoolSettings(t *testing.T) {
 	waitFor(t, "the base pool to fill", 90*time.Second, func() bool { return poolReady(t, s, "base") == 1 })
 	flagsPool := func(what string) {
 		t.Helper()
-		if ps := poolsNow(t, s); len(ps) != 1 || ps[0].Template != "base" || ps[0].Size != 1 || ps[0].Max != 4 || ps[0].Source != "flags" {
+		if ps := poolsNow(t, s); len(ps) != 1 || ps[0].Template != "base" || ps[0].Size != 1 || ps[0].Max != 4 || ps[0].Source != "flags" || ps[0].State != "running" {
 			t.Fatalf("%s: pools %+v, want the command line's base pool of 1", what, ps)
 		}
 	}
@@ -365,6 +371,9 @@ func TestPoolSettings(t *testing.T) {
 	if out := cli("pools", "set", "python-data", "1", "--cpu", "2"); !strings.Contains(out, "python-data on gvisor: size 1, max 4, 512 MiB, 2 CPU (source api): waiting for template") {
 		t.Errorf("space pools set python-data: %q", out)
 	}
+	if ps := poolsNow(t, s); len(ps) != 2 || ps[1].Template != "python-data" || ps[1].State != "waiting_for_template" || ps[1].CPU != 2 || ps[1].Source != "api" {
+		t.Errorf("pools with python-data set: %+v, want it waiting for its template", ps)
+	}
 	if out := cli("pools", "reset", "python-data"); !strings.Contains(out, "python-data on gvisor: no pool (source none)") {
 		t.Errorf("space pools reset python-data: %q", out)
 	}
@@ -376,7 +385,7 @@ func TestPoolSettings(t *testing.T) {
 	if ps := poolsNow(t, s); len(ps) != 1 || ps[0].Size != 2 || ps[0].Max != 8 || ps[0].Source != "api" {
 		t.Fatalf("pools after the restart: %+v", ps)
 	}
-	if out := cli("pools"); !regexp.MustCompile(`(?m)^base\s+gvisor\s+1\s+512 MiB\s+2\s+2\s+2\s+8\s+boot\s+api\s+-$`).MatchString(out) {
+	if out := cli("pools"); !regexp.MustCompile(`(?m)^base\s+gvisor\s+1\s+512 MiB\s+running\s+2\s+2\s+2\s+8\s+boot\s+api\s+-$`).MatchString(out) {
 		t.Errorf("space pools after the restart:\n%s", out)
 	}
 
@@ -393,9 +402,13 @@ func TestPoolSettings(t *testing.T) {
 	if out := cli("pools", "set", "base", "0"); !strings.Contains(out, "base on gvisor: no pool (source api)") {
 		t.Errorf("space pools set base 0: %q", out)
 	}
-	if ps := poolsNow(t, s); len(ps) != 0 {
-		t.Fatalf("pools after size 0: %+v", ps)
+	off := func(what string) {
+		t.Helper()
+		if ps := poolsNow(t, s); len(ps) != 1 || ps[0].State != "off" || ps[0].Source != "api" || ps[0].Size != 0 {
+			t.Fatalf("pools %s: %+v, want base off by its setting", what, ps)
+		}
 	}
+	off("after size 0")
 	waitFor(t, "the stopped pool's sandboxes to be destroyed", 30*time.Second, func() bool { return pooledCount(t, s) == 0 })
 	s.stop(false)
 	before := len(s.logText())
@@ -407,6 +420,7 @@ func TestPoolSettings(t *testing.T) {
 	if n := pooledCount(t, s); n != 0 {
 		t.Errorf("%d pooled sandboxes with the pool off", n)
 	}
+	off("after a restart")
 	if code := s.do("DELETE", "/v1/pools/base", s.key, nil, &p); code != 200 || p.Source != "flags" || p.Size != 1 {
 		t.Fatalf("DELETE of size 0: %d %+v", code, p)
 	}

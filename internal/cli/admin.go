@@ -72,7 +72,7 @@ func (a *app) poolsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := newTable(a.stdout, "TEMPLATE", "DRIVER", "CPU", "MEMORY", "READY", "TARGET", "SIZE", "MAX", "REFILL", "SOURCE", "PRESTART")
+			tw := newTable(a.stdout, "TEMPLATE", "DRIVER", "CPU", "MEMORY", "STATE", "READY", "TARGET", "SIZE", "MAX", "REFILL", "SOURCE", "PRESTART")
 			for _, p := range ps {
 				refill := "boot"
 				if p.FromImage {
@@ -82,7 +82,7 @@ func (a *app) poolsCommand() *cobra.Command {
 				if len(p.Prestart) > 0 {
 					prestart = strings.Join(p.Prestart, " ")
 				}
-				row(tw, p.Template, p.Driver, strconv.Itoa(p.CPU), strconv.Itoa(p.MemoryMB)+" MiB", strconv.Itoa(p.Ready),
+				row(tw, p.Template, p.Driver, strconv.Itoa(p.CPU), strconv.Itoa(p.MemoryMB)+" MiB", strings.ReplaceAll(cmp.Or(p.State, "running"), "_", " "), strconv.Itoa(p.Ready),
 					strconv.Itoa(p.Target), strconv.Itoa(p.Size), strconv.Itoa(p.Max), refill, cmp.Or(p.Source, "-"), prestart)
 			}
 			return tw.Flush()

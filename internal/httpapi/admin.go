@@ -2,10 +2,12 @@ package httpapi
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"encoding/base32"
 	"net/http"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -146,7 +148,21 @@ func (a *API) listPools(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 		a.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"pools": a.svc.Pools()})
+	pools := a.svc.Pools()
+	if a.cfg.Pools != nil {
+		// Those that do not run, so that a pool waiting for its
+		// template's build, or turned off, is seen as well.
+		for _, p := range a.cfg.Pools.Idle() {
+			pools = append(pools, sandbox.PoolStatus{
+				Template: p.Template, Driver: p.Driver, CPU: p.CPU, MemoryMB: p.MemoryMB,
+				Size: p.Size, Max: p.Max, Source: p.Source, State: p.State,
+			})
+		}
+	}
+	slices.SortStableFunc(pools, func(a, b sandbox.PoolStatus) int {
+		return cmp.Or(cmp.Compare(a.Template, b.Template), cmp.Compare(a.Driver, b.Driver))
+	})
+	writeJSON(w, http.StatusOK, map[string]any{"pools": pools})
 }
 
 // buildTemplate builds (or finds cached) a template and streams progress

@@ -18,6 +18,9 @@ type Pools interface {
 	// ResetPool deletes the stored pool of a template and driver, so the
 	// command line's applies again. Errors: errdefs.ErrNotFound.
 	ResetPool(ctx context.Context, template, driver string) (PoolSetting, error)
+	// Idle lists the pools the command line or a setting names that do
+	// not run: waiting for their template, or turned off by a setting.
+	Idle() []PoolSetting
 }
 
 // PoolSetting is a warm pool of one template and driver as an admin sets

@@ -785,6 +785,10 @@ type PoolStatus struct {
 	// Source is where its size came from: "flags" (the server's command
 	// line) or "api" (PUT /v1/pools/{template}, kept across restarts).
 	Source string `json:"source,omitempty"`
+	// State is "running" for every pool Pools reports; the API adds the
+	// configured pools that do not run: "waiting_for_template" (it starts
+	// once its template is built here) and "off" (a setting of size 0).
+	State string `json:"state"`
 }
 
 // Pools reports the running warm pools, by template, driver, CPUs and
@@ -803,7 +807,7 @@ func (s *Service) Pools() []PoolStatus {
 		st := PoolStatus{
 			Template: p.tpl.Name, Digest: k.digest, Driver: k.driver, CPU: k.cpu, MemoryMB: k.memoryMB,
 			Size: p.base, Max: p.max, Target: int(p.target.Load()), Ready: len(p.ready), FromImage: p.img != nil,
-			Source: p.source,
+			Source: p.source, State: "running",
 		}
 		p.mu.Unlock()
 		if p.prestart != nil {

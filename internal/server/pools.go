@@ -221,6 +221,29 @@ func (m *poolManager) ResetPool(ctx context.Context, template_, drv string) (htt
 	return m.view(k, state), nil
 }
 
+// Idle lists the pools flags or settings name that do not run now: those
+// waiting for their template, and those a setting turned off.
+func (m *poolManager) Idle() []httpapi.PoolSetting {
+	running := map[poolKey]bool{}
+	for _, p := range m.svc.Pools() {
+		running[poolKey{p.Template, p.Driver}] = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []httpapi.PoolSetting
+	for _, k := range m.keys() {
+		cfg := m.config(k)
+		switch {
+		case running[k]:
+		case cfg.Size > 0:
+			out = append(out, m.view(k, "waiting_for_template"))
+		case cfg.Source == "api":
+			out = append(out, m.view(k, "off"))
+		}
+	}
+	return out
+}
+
 // view is what applies to k now, as the API shows it.
 func (m *poolManager) view(k poolKey, state string) httpapi.PoolSetting {
 	cfg := m.config(k)

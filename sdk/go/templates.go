@@ -52,6 +52,10 @@ type Pool struct {
 	// Source is where its size comes from: "flags" (the server's command
 	// line) or "api" (SetPool).
 	Source string `json:"source,omitempty"`
+	// State is "running", or for a pool that does not run,
+	// "waiting_for_template" (it starts once its template is built) or
+	// "off" (a setting of size 0); those have no Digest and nothing ready.
+	State string `json:"state"`
 }
 
 // SetPoolRequest is a warm pool of one template and driver as an admin
@@ -108,7 +112,8 @@ func (c *Client) ResetPool(ctx context.Context, template, driver string) (*PoolS
 	return &out, nil
 }
 
-// Pools (admin) lists the server's running warm pools.
+// Pools (admin) lists the server's warm pools: those running, and those
+// configured that do not run (State).
 func (c *Client) Pools(ctx context.Context) ([]Pool, error) {
 	var out struct {
 		Pools []Pool `json:"pools"`
