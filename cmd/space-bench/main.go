@@ -649,13 +649,16 @@ func (r *rawRunsc) runEcho(id string) (time.Duration, error) {
 	out, err := cmd.Output()
 	d := time.Since(t0)
 	if err != nil || !bytes.Contains(out, []byte("hello")) {
-		return 0, fmt.Errorf("runsc run: %v %q", err, out)
+		return 0, fmt.Errorf("runsc run %s: %v %q", id, err, out)
 	}
 	return d, nil
 }
 
-// concurrentRuns starts n runEcho at once and returns each one's time to
-// its output.
+// concurrentRuns starts n runEcho at once and returns the time of each
+// that succeeded. A run that fails is left out and said on stderr (in two
+// of ~15 quick benches one of 40 such runs printed its output and then
+// exited 137, never reproduced outside the bench); more than one in ten
+// failing is an error.
 func (r *rawRunsc) concurrentRuns(prefix string, n int) ([]time.Duration, error) {
 	ds := make([]time.Duration, n)
 	errs := make([]error, n)
@@ -664,7 +667,18 @@ func (r *rawRunsc) concurrentRuns(prefix string, n int) ([]time.Duration, error)
 		wg.Go(func() { ds[i], errs[i] = r.runEcho(fmt.Sprintf("%s%d", prefix, i)) })
 	}
 	wg.Wait()
-	return ds, errors.Join(errs...)
+	var out []time.Duration
+	for i, err := range errs {
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "space-bench: a raw run of a burst left out: %v\n", err)
+			continue
+		}
+		out = append(out, ds[i])
+	}
+	if len(out) < n-n/10 {
+		return nil, fmt.Errorf("%d of %d concurrent runsc run failed: %w", n-len(out), n, errors.Join(errs...))
+	}
+	return out, nil
 }
 
 func (r *rawRunsc) startSleeper(id string) error {
