@@ -173,8 +173,9 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 
 // SetPool makes the pools of tpl on cfg's driver what cfg says, while the
 // server runs: a running pool of the same shape takes the new size and
-// max at once (its warm sandboxes stay; those above the new target are
-// destroyed now, not after the shrink delay); a pool of another shape
+// max at once (its warm sandboxes stay; those above the new target leave
+// it now, not after the shrink delay, and are destroyed in the
+// background); a pool of another shape
 // (CPUs, memory, or an older build of the template) is retired and one
 // of cfg's shape started; a Size of 0 stops the template's pool on that
 // driver and destroys its warm sandboxes. Errors: as CheckPool.
@@ -241,7 +242,7 @@ func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolCon
 	if p := ps.byKey[k]; p != nil {
 		ps.mu.Unlock()
 		if resize {
-			p.resize(cfg)
+			p.resize(cfg, &ps.wg)
 		}
 		return
 	}
@@ -270,9 +271,10 @@ func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolCon
 }
 
 // resize gives a running pool a new size and max: its target follows at
-// once, warm sandboxes above it are destroyed now, and a grown pool starts
-// refilling.
-func (p *pool) resize(cfg PoolConfig) {
+// once, warm sandboxes above it leave the pool now (destroyed in the
+// background, under wg, so the caller does not wait for them), and a grown
+// pool starts refilling.
+func (p *pool) resize(cfg PoolConfig, wg *sync.WaitGroup) {
 	p.mu.Lock()
 	changed := p.base != cfg.Size || p.max != cfg.Max
 	p.base, p.max, p.source = cfg.Size, cfg.Max, cfg.Source
@@ -281,22 +283,28 @@ func (p *pool) resize(cfg PoolConfig) {
 		return
 	}
 	p.adapt()
-	n := 0
+	var surplus []*warm
 	for int64(len(p.ready)) > p.target.Load() {
 		select {
 		case w := <-p.ready:
-			p.s.discardWarm(w)
-			n++
+			surplus = append(surplus, w)
 			continue
 		default:
 		}
 		break
 	}
+	if len(surplus) > 0 {
+		wg.Go(func() {
+			for _, w := range surplus {
+				p.s.discardWarm(w)
+			}
+		})
+	}
 	select {
 	case p.kick <- struct{}{}:
 	default:
 	}
-	p.s.log.Info("warm pool resized", "template", p.tpl.Name, "driver", p.shape.driver, "size", cfg.Size, "max", cfg.Max, "target", p.target.Load(), "destroyed", n)
+	p.s.log.Info("warm pool resized", "template", p.tpl.Name, "driver", p.shape.driver, "size", cfg.Size, "max", cfg.Max, "target", p.target.Load(), "destroyed", len(surplus))
 }
 
 // take returns a warm sandbox, or nil when the pool is empty (the caller

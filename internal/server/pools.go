@@ -190,9 +190,19 @@ func (m *poolManager) SetPool(ctx context.Context, req httpapi.PoolSetting) (htt
 	if err := m.store.PutPoolSetting(ctx, p); err != nil {
 		return httpapi.PoolSetting{}, err
 	}
+	prev, had := m.set[k]
 	m.set[k] = p
 	state, err := m.apply(ctx, k)
 	if err != nil {
+		// Not applied: the setting before it is what stays.
+		rctx := context.WithoutCancel(ctx)
+		if had {
+			_ = m.store.PutPoolSetting(rctx, prev)
+			m.set[k] = prev
+		} else {
+			_ = m.store.DeletePoolSetting(rctx, k.template, k.driver)
+			delete(m.set, k)
+		}
 		return httpapi.PoolSetting{}, err
 	}
 	m.log.Info("warm pool set", "template", k.template, "driver", k.driver, "size", p.Size, "max", p.Max, "memory_mb", p.MemoryMB, "cpu", p.CPU, "state", state)
@@ -209,12 +219,18 @@ func (m *poolManager) ResetPool(ctx context.Context, template_, drv string) (htt
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	prev, had := m.set[k]
 	if err := m.store.DeletePoolSetting(ctx, k.template, k.driver); err != nil {
 		return httpapi.PoolSetting{}, err
 	}
 	delete(m.set, k)
 	state, err := m.apply(ctx, k)
 	if err != nil {
+		// Not applied: the setting stays.
+		if had {
+			_ = m.store.PutPoolSetting(context.WithoutCancel(ctx), prev)
+			m.set[k] = prev
+		}
 		return httpapi.PoolSetting{}, err
 	}
 	m.log.Info("warm pool setting deleted", "template", k.template, "driver", k.driver, "state", state)
