@@ -102,6 +102,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.snapshotRmCommand(),
 		a.execCommand(),
 		a.psCommand(),
+		a.commandsCommand(),
 		a.logsCommand(),
 		a.cpCommand(),
 		a.lsCommand(),

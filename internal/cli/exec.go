@@ -234,6 +234,38 @@ func (a *app) psCommand() *cobra.Command {
 	}
 }
 
+func (a *app) commandsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "commands <id>",
+		Short: "Show the commands started in a sandbox, oldest first (also after it stopped)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.sdk()
+			if err != nil {
+				return err
+			}
+			tw := newTable(a.stdout, "STARTED", "PID", "STATUS", "COMMAND")
+			for x, err := range c.AllCommands(cmd.Context(), args[0]) {
+				if err != nil {
+					return err
+				}
+				status := x.State
+				if x.ExitCode != nil {
+					status = "exited " + strconv.Itoa(*x.ExitCode)
+					if *x.ExitCode < 0 {
+						status = "killed"
+					}
+				}
+				if x.Background {
+					status += " (background)"
+				}
+				row(tw, x.StartedAt.Local().Format("2006-01-02 15:04:05.000"), strconv.Itoa(x.PID), status, strings.Join(x.Cmd, " "))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
 func procStatus(p space.Process) string {
 	switch {
 	case p.Running:

@@ -453,6 +453,31 @@ func (a *API) processes(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 	writeJSON(w, http.StatusOK, map[string]any{"processes": ps})
 }
 
+// commands lists the commands started in a sandbox, oldest first, a page
+// at a time (?limit=, default 100; ?cursor= the page before's next_cursor),
+// also after the sandbox stopped.
+func (a *API) commands(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	q := r.URL.Query()
+	limit := 100
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil {
+			a.writeError(w, r, errdefs.InvalidArgument("limit: between 1 and %d", sandbox.MaxCommandsPage))
+			return
+		}
+		limit = n
+	}
+	cmds, next, err := a.svc.Commands(r.Context(), c, r.PathValue("id"), q.Get("cursor"), limit)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Commands   []sandbox.Command `json:"commands"`
+		NextCursor string            `json:"next_cursor,omitempty"`
+	}{cmds, next})
+}
+
 func (a *API) stdin(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 	pid, err := pidOf(r)
 	if err != nil {

@@ -113,6 +113,7 @@ func New(cfg Config) *API {
 	auth("GET /v1/snapshots/{sid}/files", a.snapshotFiles)
 	auth("POST /v1/sandboxes/{id}/exec", a.exec)
 	auth("GET /v1/sandboxes/{id}/processes", a.processes)
+	auth("GET /v1/sandboxes/{id}/commands", a.commands)
 	auth("GET /v1/sandboxes/{id}/processes/{pid}/events", a.events)
 	auth("POST /v1/sandboxes/{id}/processes/{pid}/stdin", a.stdin)
 	auth("POST /v1/sandboxes/{id}/processes/{pid}/signal", a.signal)

@@ -17,6 +17,9 @@ type procLog struct {
 	st  *store.Store
 	log *slog.Logger
 
+	// wmu is held from taking a batch to having written it, so batches
+	// reach the store in order (flush writes one too).
+	wmu    sync.Mutex
 	mu     sync.Mutex
 	ops    []store.ProcessOp
 	wake   chan struct{}
@@ -37,8 +40,8 @@ const maxProcLogBacklog = 4096
 // procLogGather is how long the writer waits after the first op of a
 // batch for more: one transaction (begin, statements, commit) costs the
 // server ~0.2 ms of CPU (pprof), so one per batch instead of two per exec (its
-// start and its exit) matters on a small host. The records are a history
-// that no request reads back, so they can be this late.
+// start and its exit) matters on a small host. A request that reads the
+// records back (Commands) flushes first.
 const procLogGather = 20 * time.Millisecond
 
 func (l *procLog) add(op store.ProcessOp) {
@@ -49,13 +52,10 @@ func (l *procLog) add(op store.ProcessOp) {
 		return
 	}
 	l.ops = append(l.ops, op)
-	var flush []store.ProcessOp
-	if len(l.ops) >= maxProcLogBacklog {
-		flush, l.ops = l.ops, nil
-	}
+	full := len(l.ops) >= maxProcLogBacklog
 	l.mu.Unlock()
-	if flush != nil {
-		l.write(flush)
+	if full {
+		l.flush()
 		return
 	}
 	select {
@@ -74,6 +74,7 @@ func (l *procLog) run() {
 		if !closing {
 			time.Sleep(procLogGather)
 		}
+		l.wmu.Lock()
 		l.mu.Lock()
 		ops, closed := l.ops, l.closed
 		l.ops = nil
@@ -81,6 +82,7 @@ func (l *procLog) run() {
 		if len(ops) > 0 {
 			l.write(ops)
 		}
+		l.wmu.Unlock()
 		if closed {
 			return
 		}
@@ -90,6 +92,20 @@ func (l *procLog) run() {
 func (l *procLog) write(ops []store.ProcessOp) {
 	if err := l.st.ApplyProcessOps(context.Background(), ops); err != nil {
 		l.log.Warn("process log: records lost", "count", len(ops), "err", err)
+	}
+}
+
+// flush writes what is pending now, after any batch being written: a
+// reader of the records (Commands) then sees every op added before.
+func (l *procLog) flush() {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	l.mu.Lock()
+	ops := l.ops
+	l.ops = nil
+	l.mu.Unlock()
+	if len(ops) > 0 {
+		l.write(ops)
 	}
 }
 

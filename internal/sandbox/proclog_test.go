@@ -43,3 +43,47 @@ func TestProcLog(t *testing.T) {
 		}
 	}
 }
+
+// TestProcLogFlush: flush writes what was added before it at once, and
+// batches reach the store in order while flushes race the writer (an
+// exit written before its start would be dropped).
+func TestProcLogFlush(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "space.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Now().UTC()
+	if err := st.CreateSandbox(ctx, store.Sandbox{ID: "sb1", Team: "t", Template: "base", Driver: "gvisor", State: StateRunning, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	l := newProcLog(st, slog.New(slog.DiscardHandler))
+	defer l.close()
+	for pid := 1; pid <= 200; pid++ {
+		l.add(store.ProcessOp{Start: &store.Process{SandboxID: "sb1", PID: pid, Cmd: []string{"true"}, StartedAt: now}})
+		if pid%3 == 0 {
+			l.flush()
+			if ps, _ := st.ListProcesses(ctx, "sb1"); len(ps) != pid {
+				t.Fatalf("after flush %d records, want %d", len(ps), pid)
+			}
+		}
+		l.add(store.ProcessOp{Exit: &store.ProcessExit{SandboxID: "sb1", PID: pid, ExitCode: 0, ExitedAt: now}})
+		if pid%5 == 0 {
+			go l.flush()
+		}
+	}
+	l.flush()
+	ps, err := st.ListProcesses(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range ps {
+		if p.ExitCode == nil {
+			t.Fatalf("record %d (pid %d) lost its exit", i, p.PID)
+		}
+	}
+	if len(ps) != 200 {
+		t.Fatalf("%d records, want 200", len(ps))
+	}
+}

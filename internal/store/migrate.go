@@ -164,6 +164,11 @@ CREATE TABLE pool_settings (
 	PRIMARY KEY (template, driver)
 );
 `,
+	// 13: a sandbox's commands read back in order, a page at a time
+	// (GET /v1/sandboxes/{id}/commands).
+	`
+CREATE INDEX processes_sandbox_seq ON processes(sandbox_id, seq);
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

@@ -13,6 +13,7 @@ import (
 // Process is a process started in a sandbox. Records go away with their
 // sandbox.
 type Process struct {
+	Seq        int64 // the record's order among all processes (set by the store)
 	SandboxID  string
 	PID        int
 	Cmd        []string
@@ -73,10 +74,23 @@ func (s *Store) FinishProcess(ctx context.Context, sandboxID string, pid, exitCo
 // ListProcesses returns the processes of sandboxID in the order they were
 // recorded (empty, not an error, for an unknown sandbox).
 func (s *Store) ListProcesses(ctx context.Context, sandboxID string) ([]Process, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT sandbox_id, pid, cmd, tag, background, started_at, exit_code, exited_at
-		FROM processes WHERE sandbox_id = ? ORDER BY seq`, sandboxID)
+	out, _, err := s.ProcessPage(ctx, sandboxID, 0, -1)
+	return out, err
+}
+
+// ProcessPage returns up to limit (< 0: all) processes of sandboxID
+// recorded after the one of sequence number after (0: from the first), in
+// the order they were recorded, and the sequence number to continue after
+// when more may follow (0 when these are the last).
+func (s *Store) ProcessPage(ctx context.Context, sandboxID string, after int64, limit int) ([]Process, int64, error) {
+	q := limit
+	if limit >= 0 {
+		q = limit + 1 // one more tells whether a next page exists
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT seq, sandbox_id, pid, cmd, tag, background, started_at, exit_code, exited_at
+		FROM processes WHERE sandbox_id = ? AND seq > ? ORDER BY seq LIMIT ?`, sandboxID, after, q)
 	if err != nil {
-		return nil, fmt.Errorf("store: list processes: %w", err)
+		return nil, 0, fmt.Errorf("store: list processes: %w", err)
 	}
 	defer rows.Close()
 	var out []Process
@@ -86,11 +100,11 @@ func (s *Store) ListProcesses(ctx context.Context, sandboxID string) ([]Process,
 		var bg int
 		var started int64
 		var code, exited sql.NullInt64
-		if err := rows.Scan(&p.SandboxID, &p.PID, &cmd, &p.Tag, &bg, &started, &code, &exited); err != nil {
-			return nil, fmt.Errorf("store: list processes: %w", err)
+		if err := rows.Scan(&p.Seq, &p.SandboxID, &p.PID, &cmd, &p.Tag, &bg, &started, &code, &exited); err != nil {
+			return nil, 0, fmt.Errorf("store: list processes: %w", err)
 		}
 		if err := json.Unmarshal([]byte(cmd), &p.Cmd); err != nil {
-			return nil, fmt.Errorf("store: decode cmd: %w", err)
+			return nil, 0, fmt.Errorf("store: decode cmd: %w", err)
 		}
 		p.Background = bg != 0
 		p.StartedAt = fromNanos(started)
@@ -102,9 +116,14 @@ func (s *Store) ListProcesses(ctx context.Context, sandboxID string) ([]Process,
 		out = append(out, p)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: list processes: %w", err)
+		return nil, 0, fmt.Errorf("store: list processes: %w", err)
 	}
-	return out, nil
+	var next int64
+	if limit >= 0 && len(out) > limit {
+		out = out[:limit]
+		next = out[len(out)-1].Seq
+	}
+	return out, next, nil
 }
 
 // ProcessOp is one entry of a process log batch: a start (Start set) or an

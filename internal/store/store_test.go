@@ -403,6 +403,30 @@ func TestProcesses(t *testing.T) {
 	if ps[1].ExitCode != nil || ps[1].ExitedAt != nil || ps[2].ExitCode != nil {
 		t.Fatalf("running processes have exits: %+v", ps[1:])
 	}
+	// A page at a time, in order, each continuing after the last.
+	var paged []int64
+	for after := int64(0); ; {
+		page, next, err := s.ProcessPage(ctx, "sb1", after, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range page {
+			paged = append(paged, p.Seq)
+		}
+		if next == 0 {
+			break
+		}
+		if next != page[len(page)-1].Seq {
+			t.Fatalf("next %d, want the page's last seq %d", next, page[len(page)-1].Seq)
+		}
+		after = next
+	}
+	if len(paged) != 3 || paged[0] != ps[0].Seq || paged[1] != ps[1].Seq || paged[2] != ps[2].Seq || !(paged[0] < paged[1] && paged[1] < paged[2]) {
+		t.Fatalf("pages gave seqs %v, want %d %d %d", paged, ps[0].Seq, ps[1].Seq, ps[2].Seq)
+	}
+	if page, next, err := s.ProcessPage(ctx, "sb1", 0, 3); err != nil || len(page) != 3 || next != 0 {
+		t.Fatalf("a page of exactly all: %d records, next %d, %v", len(page), next, err)
+	}
 	// Deleting the sandbox deletes its processes.
 	if err := s.DeleteSandbox(ctx, "sb1"); err != nil {
 		t.Fatal(err)

@@ -452,6 +452,36 @@ func TestSetPoolAndResetPool(t *testing.T) {
 	}
 }
 
+// AllCommands follows next_cursor until the last page.
+func TestAllCommands(t *testing.T) {
+	var queries []string
+	c := fake(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/sandboxes/sb1/commands" {
+			t.Errorf("path %s", r.URL.Path)
+		}
+		queries = append(queries, r.URL.RawQuery)
+		switch r.URL.Query().Get("cursor") {
+		case "":
+			writeJSON(w, 200, map[string]any{"commands": []map[string]any{{"pid": 1, "cmd": []string{"a"}, "state": "exited", "exit_code": 0}}, "next_cursor": "7"})
+		case "7":
+			writeJSON(w, 200, map[string]any{"commands": []map[string]any{{"pid": 2, "cmd": []string{"b"}, "state": "unknown"}}})
+		}
+	})
+	var pids []int
+	for cmd, err := range c.AllCommands(t.Context(), "sb1") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids = append(pids, cmd.PID)
+	}
+	if !reflect.DeepEqual(pids, []int{1, 2}) || !reflect.DeepEqual(queries, []string{"", "cursor=7"}) {
+		t.Fatalf("pids %v, queries %q", pids, queries)
+	}
+	if _, err := c.Commands(t.Context(), "sb1", 5, "7"); err != nil || queries[2] != "cursor=7&limit=5" {
+		t.Fatalf("Commands with limit and cursor: %v, query %q", err, queries[2])
+	}
+}
+
 func TestPTY(t *testing.T) {
 	c := fake(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer k3y" || r.URL.Query().Get("cols") != "100" {
