@@ -509,4 +509,52 @@ func TestE2BInterpreterPrestarted(t *testing.T) {
 	if want := "('mine', True, True)"; resp.StatusCode != 200 || result != want {
 		t.Fatalf("first cell: %d result %q, want %q (the prestarted kernel, with the owner's env and its imports)\n%s", resp.StatusCode, result, want, out)
 	}
+
+	// An admin turns the prestart off: the pool is made again without
+	// the kernel, and a first cell starts its own (nothing imported yet).
+	var set struct {
+		Prestart *bool
+		State    string
+	}
+	if code := s.do("PUT", "/v1/pools/python-data", s.key, map[string]any{"size": 1, "prestart": false}, &set); code != 200 || set.Prestart == nil || *set.Prestart || set.State != "running" {
+		t.Fatalf("PUT prestart false: %d %+v", code, set)
+	}
+	waitFor(t, "the python-data pool to be made again without the kernel", 90*time.Second, func() bool {
+		var now struct {
+			Pools []struct {
+				Template string
+				Ready    int
+				Prestart []string
+			}
+		}
+		s.do("GET", "/v1/pools", s.key, nil, &now)
+		for _, p := range now.Pools {
+			if p.Template == "python-data" {
+				return p.Prestart == nil && p.Ready == 1
+			}
+		}
+		return false
+	})
+	plain := e2bCreateWith(t, url, key, `{"templateID":"code-interpreter-v1","envVars":{"OWNER_VAR":"mine"}}`)
+	waitFor(t, "the claim in the log", 10*time.Second, func() bool {
+		return strings.Contains(s.logText(), `sandbox created from the warm pool" sandbox=sb-`+plain.ID+" template=python-data")
+	})
+	var procs struct{ Processes []struct{ Cmd []string } }
+	if code := s.do("GET", "/v1/sandboxes/sb-"+plain.ID+"/processes", key, nil, &procs); code != 200 || len(procs.Processes) != 0 {
+		t.Errorf("a sandbox of the pool without prestart runs processes: %d %+v", code, procs)
+	}
+	req, _ = http.NewRequest("POST", url+"/execute", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("E2b-Sandbox-Id", plain.ID)
+	req.Header.Set("E2b-Sandbox-Port", "49999")
+	req.Header.Set("X-Access-Token", plain.Token)
+	resp2, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp2.Body.Close()
+	out, _ = io.ReadAll(resp2.Body)
+	if want := `"text": "('mine', False, False)", "type": "result"`; resp2.StatusCode != 200 || !strings.Contains(string(out), want) {
+		t.Errorf("first cell without a prestarted kernel: %d %s, want %s", resp2.StatusCode, out, want)
+	}
 }

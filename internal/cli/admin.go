@@ -119,6 +119,14 @@ func (a *app) poolsCommand() *cobra.Command {
 	set.Flags().IntVar(&req.Max, "max", 0, "the most the pool grows to with the create rate (default 4×SIZE)")
 	set.Flags().IntVar(&req.MemoryMB, "memory", 0, "the pooled sandboxes' memory in MiB (default: a create's)")
 	set.Flags().IntVar(&req.CPU, "cpu", 0, "their CPUs (default: a create's)")
+	var noPrestart bool
+	set.Flags().BoolVar(&noPrestart, "no-prestart", false, "do not start the template's prestarted process (the E2B code interpreter's kernel in python-data pools) in each warm sandbox")
+	set.PreRun = func(*cobra.Command, []string) {
+		if noPrestart {
+			f := false
+			req.Prestart = &f
+		}
+	}
 	var driver string
 	reset := &cobra.Command{
 		Use:   "reset TEMPLATE",
@@ -148,8 +156,12 @@ func (a *app) printPoolSetting(p *space.PoolSetting) {
 		fmt.Fprintf(a.stdout, "%s on %s: no pool (source %s)\n", p.Template, p.Driver, p.Source)
 		return
 	}
-	fmt.Fprintf(a.stdout, "%s on %s: size %d, max %d, %d MiB, %d CPU (source %s): %s\n",
-		p.Template, p.Driver, p.Size, p.Max, p.MemoryMB, p.CPU, p.Source, strings.ReplaceAll(p.State, "_", " "))
+	prestart := ""
+	if p.Prestart {
+		prestart = ", prestarted"
+	}
+	fmt.Fprintf(a.stdout, "%s on %s: size %d, max %d, %d MiB, %d CPU%s (source %s): %s\n",
+		p.Template, p.Driver, p.Size, p.Max, p.MemoryMB, p.CPU, prestart, p.Source, strings.ReplaceAll(p.State, "_", " "))
 }
 
 func (a *app) templateCommand() *cobra.Command {

@@ -32,6 +32,11 @@ type PoolSetting struct {
 	Max      int    `json:"max"`
 	MemoryMB int    `json:"memory_mb"`
 	CPU      int    `json:"cpu"`
+	// Prestart, asked: false turns off the process the template's pools
+	// start in each warm sandbox (the E2B code interpreter's kernel in
+	// python-data pools when the E2B API is on); nil keeps it. Answered:
+	// whether the pool's sandboxes start one.
+	Prestart *bool `json:"prestart,omitempty"`
 	// Source is where the pool that applies comes from: "api" (a stored
 	// setting), "flags" (the command line), "none".
 	Source string `json:"source"`
@@ -53,6 +58,7 @@ func (a *API) putPool(w http.ResponseWriter, r *http.Request, c sandbox.Caller) 
 		Max      int    `json:"max"`
 		MemoryMB int    `json:"memory_mb"`
 		CPU      int    `json:"cpu"`
+		Prestart *bool  `json:"prestart"`
 	}
 	if err := decode(r, &req); err != nil {
 		a.writeError(w, r, err)
@@ -67,7 +73,7 @@ func (a *API) putPool(w http.ResponseWriter, r *http.Request, c sandbox.Caller) 
 		return
 	}
 	out, err := a.cfg.Pools.SetPool(r.Context(), PoolSetting{
-		Template: r.PathValue("template"), Driver: req.Driver, Size: *req.Size, Max: req.Max, MemoryMB: req.MemoryMB, CPU: req.CPU,
+		Template: r.PathValue("template"), Driver: req.Driver, Size: *req.Size, Max: req.Max, MemoryMB: req.MemoryMB, CPU: req.CPU, Prestart: req.Prestart,
 	})
 	if err != nil {
 		a.writeError(w, r, err)

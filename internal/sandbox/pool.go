@@ -176,8 +176,9 @@ func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolCon
 // max at once (its warm sandboxes stay; those above the new target leave
 // it now, not after the shrink delay, and are destroyed in the
 // background); a pool of another shape
-// (CPUs, memory, or an older build of the template) is retired and one
-// of cfg's shape started; a Size of 0 stops the template's pool on that
+// (CPUs, memory, or an older build of the template), or one that starts
+// a process where cfg starts none or the other way round, is retired and
+// one of cfg's started; a Size of 0 stops the template's pool on that
 // driver and destroys its warm sandboxes. Errors: as CheckPool.
 func (s *Service) SetPool(ctx context.Context, tpl store.Template, cfg PoolConfig) error {
 	cfg.Template = tpl.Name
@@ -238,6 +239,12 @@ func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolCon
 			delete(ps.byKey, old)
 			ps.wg.Go(func() { s.retirePool(op) })
 		}
+	}
+	if p := ps.byKey[k]; p != nil && resize && (p.prestart == nil) != (cfg.Prestart == nil) {
+		// Its sandboxes were made with (or without) a process that the
+		// new setting does not want: a new pool makes them again.
+		delete(ps.byKey, k)
+		ps.wg.Go(func() { s.retirePool(p) })
 	}
 	if p := ps.byKey[k]; p != nil {
 		ps.mu.Unlock()

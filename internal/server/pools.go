@@ -73,7 +73,11 @@ func newPoolManager(ctx context.Context, svc *sandbox.Service, st *store.Store, 
 // came from.
 func (m *poolManager) config(k poolKey) sandbox.PoolConfig {
 	if p, ok := m.set[k]; ok {
-		return m.complete(sandbox.PoolConfig{Template: k.template, Driver: k.driver, Size: p.Size, Max: p.Max, MemoryMB: p.MemoryMB, CPU: p.CPU, Source: "api"})
+		cfg := m.complete(sandbox.PoolConfig{Template: k.template, Driver: k.driver, Size: p.Size, Max: p.Max, MemoryMB: p.MemoryMB, CPU: p.CPU, Source: "api"})
+		if p.NoPrestart {
+			cfg.Prestart = nil
+		}
+		return cfg
 	}
 	if p, ok := m.flags[k]; ok {
 		p.Source = "flags"
@@ -186,7 +190,10 @@ func (m *poolManager) SetPool(ctx context.Context, req httpapi.PoolSetting) (htt
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p := store.PoolSetting{Template: k.template, Driver: k.driver, Size: cfg.Size, Max: cfg.Max, MemoryMB: cfg.MemoryMB, CPU: cfg.CPU, UpdatedAt: time.Now().UTC()}
+	p := store.PoolSetting{
+		Template: k.template, Driver: k.driver, Size: cfg.Size, Max: cfg.Max, MemoryMB: cfg.MemoryMB, CPU: cfg.CPU,
+		NoPrestart: req.Prestart != nil && !*req.Prestart, UpdatedAt: time.Now().UTC(),
+	}
 	if err := m.store.PutPoolSetting(ctx, p); err != nil {
 		return httpapi.PoolSetting{}, err
 	}
@@ -205,7 +212,7 @@ func (m *poolManager) SetPool(ctx context.Context, req httpapi.PoolSetting) (htt
 		}
 		return httpapi.PoolSetting{}, err
 	}
-	m.log.Info("warm pool set", "template", k.template, "driver", k.driver, "size", p.Size, "max", p.Max, "memory_mb", p.MemoryMB, "cpu", p.CPU, "state", state)
+	m.log.Info("warm pool set", "template", k.template, "driver", k.driver, "size", p.Size, "max", p.Max, "memory_mb", p.MemoryMB, "cpu", p.CPU, "prestart", !p.NoPrestart, "state", state)
 	return m.view(k, state), nil
 }
 
@@ -270,6 +277,8 @@ func (m *poolManager) view(k poolKey, state string) httpapi.PoolSetting {
 		}
 		v.Max, v.MemoryMB, v.CPU = cfg.Max, cfg.MemoryMB, cfg.CPU
 	}
+	prestart := cfg.Prestart != nil
+	v.Prestart = &prestart
 	if p, ok := m.set[k]; ok {
 		v.UpdatedAt = p.UpdatedAt
 	}

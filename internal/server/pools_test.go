@@ -72,6 +72,11 @@ func TestPoolManagerMerge(t *testing.T) {
 		if e2bOn && !slices.Equal(m.config(poolKey{"python-data", "gvisor"}).Prestart.Start.Cmd, e2b.KernelPrestart().Start.Cmd) {
 			t.Errorf("python-data's prestart is not the code interpreter's kernel")
 		}
+		// One that turns the prestart off.
+		m.set[poolKey{"python-data", "gvisor"}] = store.PoolSetting{Template: "python-data", Driver: "gvisor", Size: 1, Max: 4, NoPrestart: true}
+		if got := m.config(poolKey{"python-data", "gvisor"}); got.Prestart != nil || got.Size != 1 {
+			t.Errorf("python-data with the prestart off (E2B %v): %+v", e2bOn, got)
+		}
 	}
 	for _, want := range []string{
 		`msg="warm pool setting ignored: its driver is not among --drivers" template=base driver=firecracker`,

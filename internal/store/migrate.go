@@ -169,6 +169,10 @@ CREATE TABLE pool_settings (
 	`
 CREATE INDEX processes_sandbox_seq ON processes(sandbox_id, seq);
 `,
+	// 14: a pool setting may turn its template's prestarted process off.
+	`
+ALTER TABLE pool_settings ADD COLUMN prestart INTEGER NOT NULL DEFAULT 1;
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending

@@ -26,7 +26,7 @@ func TestPoolSettings(t *testing.T) {
 	put(PoolSetting{Template: "python-data", Driver: "gvisor", Size: 2, Max: 8, MemoryMB: 1024, CPU: 1, UpdatedAt: at})
 	put(PoolSetting{Template: "base", Driver: "qemu", Size: 0, Max: 0, UpdatedAt: at})
 	// The same template and driver: replaced, not added.
-	put(PoolSetting{Template: "python-data", Driver: "gvisor", Size: 5, Max: 20, MemoryMB: 2048, CPU: 2, UpdatedAt: at.Add(time.Minute)})
+	put(PoolSetting{Template: "python-data", Driver: "gvisor", Size: 5, Max: 20, MemoryMB: 2048, CPU: 2, NoPrestart: true, UpdatedAt: at.Add(time.Minute)})
 	for _, bad := range []PoolSetting{
 		{Driver: "gvisor", Size: 1, Max: 4},
 		{Template: "base", Size: 1, Max: 4},
@@ -47,7 +47,7 @@ func TestPoolSettings(t *testing.T) {
 	}
 	want := []PoolSetting{
 		{Template: "base", Driver: "qemu", UpdatedAt: at},
-		{Template: "python-data", Driver: "gvisor", Size: 5, Max: 20, MemoryMB: 2048, CPU: 2, UpdatedAt: at.Add(time.Minute)},
+		{Template: "python-data", Driver: "gvisor", Size: 5, Max: 20, MemoryMB: 2048, CPU: 2, NoPrestart: true, UpdatedAt: at.Add(time.Minute)},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("PoolSettings = %+v, want %+v", got, want)

@@ -67,6 +67,9 @@ type SetPoolRequest struct {
 	Driver   string `json:"driver,omitempty"`
 	MemoryMB int    `json:"memory_mb,omitempty"`
 	CPU      int    `json:"cpu,omitempty"`
+	// Prestart false turns off the process the template's pools start in
+	// each warm sandbox (the E2B code interpreter's kernel); nil keeps it.
+	Prestart *bool `json:"prestart,omitempty"`
 }
 
 // PoolSetting is the warm pool of one template and driver that applies
@@ -78,6 +81,9 @@ type PoolSetting struct {
 	Max      int    `json:"max"`
 	MemoryMB int    `json:"memory_mb"`
 	CPU      int    `json:"cpu"`
+	// Prestart: whether the pool's sandboxes start a process before they
+	// join it.
+	Prestart bool `json:"prestart"`
 	// Source: "api" (a stored setting), "flags" (the command line), "none".
 	Source string `json:"source"`
 	// State: "running", "waiting_for_template" (it starts once the
