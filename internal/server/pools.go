@@ -166,13 +166,15 @@ func (m *poolManager) apply(ctx context.Context, k poolKey) (state string, err e
 }
 
 // key checks a template and driver named by a request and resolves the
-// driver.
-func (m *poolManager) key(template_, drv string) (poolKey, error) {
+// driver: one enabled on this server, or with anyDriver (a delete) any
+// known one, so that a setting left by a driver taken off --drivers can be
+// deleted.
+func (m *poolManager) key(template_, drv string, anyDriver bool) (poolKey, error) {
 	if _, err := template.Builtin(template_); err != nil {
 		return poolKey{}, err
 	}
 	drv = cmp.Or(drv, m.defaultDriver)
-	if !m.drivers[drv] {
+	if !m.drivers[drv] && !(anyDriver && knownDrivers[drv]) {
 		return poolKey{}, errdefs.InvalidArgument("driver %q is not enabled on this server", drv)
 	}
 	return poolKey{template_, drv}, nil
@@ -180,7 +182,7 @@ func (m *poolManager) key(template_, drv string) (poolKey, error) {
 
 // SetPool stores an admin's pool and applies it at once.
 func (m *poolManager) SetPool(ctx context.Context, req httpapi.PoolSetting) (httpapi.PoolSetting, error) {
-	k, err := m.key(req.Template, req.Driver)
+	k, err := m.key(req.Template, req.Driver, false)
 	if err != nil {
 		return httpapi.PoolSetting{}, err
 	}
@@ -220,7 +222,7 @@ func (m *poolManager) SetPool(ctx context.Context, req httpapi.PoolSetting) (htt
 // template and driver, if any, applies again. Errors: ErrNotFound when
 // none was set.
 func (m *poolManager) ResetPool(ctx context.Context, template_, drv string) (httpapi.PoolSetting, error) {
-	k, err := m.key(template_, drv)
+	k, err := m.key(template_, drv, true)
 	if err != nil {
 		return httpapi.PoolSetting{}, err
 	}
@@ -231,6 +233,12 @@ func (m *poolManager) ResetPool(ctx context.Context, template_, drv string) (htt
 		return httpapi.PoolSetting{}, err
 	}
 	delete(m.set, k)
+	if !m.drivers[k.driver] {
+		// A setting left by a driver this server does not run: gone, and
+		// nothing runs to change.
+		m.log.Info("warm pool setting deleted", "template", k.template, "driver", k.driver, "state", "off")
+		return httpapi.PoolSetting{Template: k.template, Driver: k.driver, Source: "none", State: "off"}, nil
+	}
 	state, err := m.apply(ctx, k)
 	if err != nil {
 		// Not applied: the setting stays.

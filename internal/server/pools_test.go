@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"errors"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/spacesandbox/space/internal/e2b"
+	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/httpapi"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/store"
 )
@@ -77,6 +80,27 @@ func TestPoolManagerMerge(t *testing.T) {
 		if got := m.config(poolKey{"python-data", "gvisor"}); got.Prestart != nil || got.Size != 1 {
 			t.Errorf("python-data with the prestart off (E2B %v): %+v", e2bOn, got)
 		}
+	}
+	// A setting of a driver not enabled can still be deleted; an unknown
+	// driver is refused.
+	m, err := newPoolManager(ctx, nil, st, log, map[string]bool{"gvisor": true}, "gvisor", false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := m.ResetPool(ctx, "base", "firecracker"); err != nil || v.State != "off" || v.Source != "none" {
+		t.Errorf("reset of a setting of a driver not enabled: %+v, %v", v, err)
+	}
+	if _, err := m.ResetPool(ctx, "base", "firecracker"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("second reset: %v, want not found", err)
+	}
+	if _, err := m.ResetPool(ctx, "base", "kvm"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("reset on an unknown driver: %v, want invalid argument", err)
+	}
+	if _, err := m.SetPool(ctx, httpapi.PoolSetting{Template: "base", Driver: "firecracker", Size: 1}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("set on a driver not enabled: %v, want invalid argument", err)
+	}
+	if ps, _ := st.PoolSettings(ctx); len(ps) != 3 {
+		t.Errorf("settings after the reset: %+v, want the other three", ps)
 	}
 	for _, want := range []string{
 		`msg="warm pool setting ignored: its driver is not among --drivers" template=base driver=firecracker`,
