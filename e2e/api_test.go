@@ -496,7 +496,7 @@ func TestOOMKillsProcessNotSandbox(t *testing.T) {
 	// one's kill, while gVisor still holds the killed process's memory
 	// (the memory watch follows that release; see memGuard).
 	for _, alloc := range []string{
-		"b'x' * (400 << 20)",                         // one fast allocation
+		"b'x' * (600 << 20)",                         // one fast allocation, past the host's limit too
 		"x = [b'y' * (64 << 20) for i in range(10)]", // in steps
 		"b'x' * (1 << 30)",                           // far past the host's limit too
 	} {
