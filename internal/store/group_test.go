@@ -19,6 +19,14 @@ func TestGroupedClaims(t *testing.T) {
 	s := openTest(t, "")
 	createPooled(t, s, 40)
 	q := Quota{MaxSandboxes: 30}
+	// Hold the writer's one connection until claims have queued up: left
+	// to the scheduler, a loaded host (a clean-clone CI run) ran the 80
+	// goroutines one after another, each claim committed before the next
+	// began, and nothing was grouped.
+	hold, err := s.w.DB.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var ok, quota, taken atomic.Int32
 	var wg sync.WaitGroup
 	for i := range 80 { // every pooled sandbox claimed twice
@@ -36,6 +44,19 @@ func TestGroupedClaims(t *testing.T) {
 			}
 		})
 	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		s.grouped.mu.Lock()
+		queued, running := len(s.grouped.queue), s.grouped.running
+		s.grouped.mu.Unlock()
+		if queued >= 10 && running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d claims queued behind the held connection, want 10", queued)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	hold.Close()
 	wg.Wait()
 	if ok.Load() != 30 || quota.Load()+taken.Load() != 50 {
 		t.Fatalf("%d claimed, %d over the quota, %d already taken; want 30 and 50 refused", ok.Load(), quota.Load(), taken.Load())
