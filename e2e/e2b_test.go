@@ -477,17 +477,23 @@ func TestE2BInterpreterPrestarted(t *testing.T) {
 	})
 	code := "import os, sys\n(os.environ.get('OWNER_VAR'), 'pandas' in sys.modules, 'matplotlib.pyplot' in sys.modules)"
 	body, _ := json.Marshal(map[string]string{"code": code})
-	req, _ := http.NewRequest("POST", url+"/execute", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("E2b-Sandbox-Id", made.ID)
-	req.Header.Set("E2b-Sandbox-Port", "49999")
-	req.Header.Set("X-Access-Token", made.Token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	// execute sends the cell to a sandbox's /execute as the SDK does.
+	execute := func(id, token string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", url+"/execute", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("E2b-Sandbox-Port", "49999")
+		req.Header.Set("X-Access-Token", token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, out
 	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
+	status, out := execute(made.ID, made.Token)
 	var result string
 	for line := range strings.Lines(string(out)) {
 		var m struct {
@@ -506,8 +512,8 @@ func TestE2BInterpreterPrestarted(t *testing.T) {
 			t.Errorf("execute answered %s", line)
 		}
 	}
-	if want := "('mine', True, True)"; resp.StatusCode != 200 || result != want {
-		t.Fatalf("first cell: %d result %q, want %q (the prestarted kernel, with the owner's env and its imports)\n%s", resp.StatusCode, result, want, out)
+	if want := "('mine', True, True)"; status != 200 || result != want {
+		t.Fatalf("first cell: %d result %q, want %q (the prestarted kernel, with the owner's env and its imports)\n%s", status, result, want, out)
 	}
 
 	// An admin turns the prestart off: the pool is made again without
@@ -543,18 +549,8 @@ func TestE2BInterpreterPrestarted(t *testing.T) {
 	if code := s.do("GET", "/v1/sandboxes/sb-"+plain.ID+"/processes", key, nil, &procs); code != 200 || len(procs.Processes) != 0 {
 		t.Errorf("a sandbox of the pool without prestart runs processes: %d %+v", code, procs)
 	}
-	req, _ = http.NewRequest("POST", url+"/execute", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("E2b-Sandbox-Id", plain.ID)
-	req.Header.Set("E2b-Sandbox-Port", "49999")
-	req.Header.Set("X-Access-Token", plain.Token)
-	resp2, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp2.Body.Close()
-	out, _ = io.ReadAll(resp2.Body)
-	if want := `"text": "('mine', False, False)", "type": "result"`; resp2.StatusCode != 200 || !strings.Contains(string(out), want) {
-		t.Errorf("first cell without a prestarted kernel: %d %s, want %s", resp2.StatusCode, out, want)
+	status, out = execute(plain.ID, plain.Token)
+	if want := `"text": "('mine', False, False)", "type": "result"`; status != 200 || !strings.Contains(string(out), want) {
+		t.Errorf("first cell without a prestarted kernel: %d %s, want %s", status, out, want)
 	}
 }

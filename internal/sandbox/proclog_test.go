@@ -10,19 +10,28 @@ import (
 	"github.com/spacesandbox/space/internal/store"
 )
 
-// TestProcLog: starts and exits queued off the exec path reach the store,
-// in order, including those queued right before close and after it.
-func TestProcLog(t *testing.T) {
+// procLogStore is a store file with one running sandbox, sb1, and the
+// time it was made.
+func procLogStore(t *testing.T) (*store.Store, time.Time) {
+	t.Helper()
 	ctx := context.Background()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "space.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(func() { st.Close() })
 	now := time.Now().UTC()
 	if err := st.CreateSandbox(ctx, store.Sandbox{ID: "sb1", Team: "t", Template: "base", Driver: "gvisor", State: StateRunning, CreatedAt: now, UpdatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
+	return st, now
+}
+
+// TestProcLog: starts and exits queued off the exec path reach the store,
+// in order, including those queued right before close and after it.
+func TestProcLog(t *testing.T) {
+	ctx := context.Background()
+	st, now := procLogStore(t)
 	l := newProcLog(st, slog.New(slog.DiscardHandler))
 	for pid := 1; pid <= 300; pid++ {
 		l.add(store.ProcessOp{Start: &store.Process{SandboxID: "sb1", PID: pid, Cmd: []string{"true"}, StartedAt: now}})
@@ -49,15 +58,7 @@ func TestProcLog(t *testing.T) {
 // exit written before its start would be dropped).
 func TestProcLogFlush(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "space.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	now := time.Now().UTC()
-	if err := st.CreateSandbox(ctx, store.Sandbox{ID: "sb1", Team: "t", Template: "base", Driver: "gvisor", State: StateRunning, CreatedAt: now, UpdatedAt: now}); err != nil {
-		t.Fatal(err)
-	}
+	st, now := procLogStore(t)
 	l := newProcLog(st, slog.New(slog.DiscardHandler))
 	defer l.close()
 	for pid := 1; pid <= 200; pid++ {
