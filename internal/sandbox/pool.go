@@ -154,21 +154,18 @@ func (s *Service) CheckPool(cfg PoolConfig) (PoolConfig, error) {
 
 // StartPool keeps cfg.Size warm sandboxes of template tpl, cfg's driver
 // and size, refilling in the background and growing the target with the
-// create rate. Starting a pool that runs already does nothing; a pool of
-// the same template name and shape built from another digest (the
-// template was rebuilt from a new recipe) is retired: creates look for
-// the new digest, so its sandboxes would never be claimed. StopPools
-// drains them all.
+// create rate: SetPool for a size above 0, with errors logged. Starting a
+// pool that runs already does nothing; a pool of the same template name
+// built from another digest (the template was rebuilt from a new recipe)
+// is retired: creates look for the new digest, so its sandboxes would
+// never be claimed. StopPools drains them all.
 func (s *Service) StartPool(ctx context.Context, tpl store.Template, cfg PoolConfig) {
 	if cfg.Size <= 0 {
 		return
 	}
-	cfg, err := s.CheckPool(cfg)
-	if err != nil {
+	if err := s.SetPool(ctx, tpl, cfg); err != nil {
 		s.log.Error("warm pool not started", "template", tpl.Name, "err", err)
-		return
 	}
-	s.startPool(ctx, tpl, cfg, false)
 }
 
 // SetPool makes the pools of tpl on cfg's driver what cfg says, while the
@@ -190,7 +187,7 @@ func (s *Service) SetPool(ctx context.Context, tpl store.Template, cfg PoolConfi
 		s.StopPool(tpl.Name, cfg.Driver)
 		return nil
 	}
-	s.startPool(ctx, tpl, cfg, true)
+	s.startPool(ctx, tpl, cfg)
 	return nil
 }
 
@@ -214,11 +211,10 @@ func (s *Service) StopPool(template, drv string) {
 	}
 }
 
-// startPool starts cfg's pool (cfg checked); with resize, a running pool
-// of the same shape takes cfg's size and max, and every other pool of the
-// template on the driver is retired. Without it, only older builds of the
-// same shape are.
-func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolConfig, resize bool) {
+// startPool starts cfg's pool (cfg checked): a running pool of the same
+// shape takes cfg's size and max, and every other pool of the template on
+// the driver is retired.
+func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolConfig) {
 	k := shape{digest: tpl.Digest, driver: cfg.Driver, cpu: cfg.CPU, memoryMB: cfg.MemoryMB}
 	s.poolsMu.Lock()
 	if s.pools == nil {
@@ -235,12 +231,10 @@ func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolCon
 		if op.tpl.Name != tpl.Name || old.driver != k.driver || old == k {
 			continue
 		}
-		if resize || (old.cpu == k.cpu && old.memoryMB == k.memoryMB) {
-			delete(ps.byKey, old)
-			ps.wg.Go(func() { s.retirePool(op) })
-		}
+		delete(ps.byKey, old)
+		ps.wg.Go(func() { s.retirePool(op) })
 	}
-	if p := ps.byKey[k]; p != nil && resize && (p.prestart == nil) != (cfg.Prestart == nil) {
+	if p := ps.byKey[k]; p != nil && (p.prestart == nil) != (cfg.Prestart == nil) {
 		// Its sandboxes were made with (or without) a process that the
 		// new setting does not want: a new pool makes them again.
 		delete(ps.byKey, k)
@@ -248,9 +242,7 @@ func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolCon
 	}
 	if p := ps.byKey[k]; p != nil {
 		ps.mu.Unlock()
-		if resize {
-			p.resize(cfg, &ps.wg)
-		}
+		p.resize(cfg, &ps.wg)
 		return
 	}
 	pctx, cancel := context.WithCancel(s.poolCtx)
