@@ -516,6 +516,24 @@ func TestE2BInterpreterPrestarted(t *testing.T) {
 		t.Fatalf("first cell: %d result %q, want %q (the prestarted kernel, with the owner's env and its imports)\n%s", status, result, want, out)
 	}
 
+	// A create through space's own API does not keep the kernel: the
+	// claimed sandbox runs nothing, and holds on disk what a cold sandbox
+	// of its template holds (the kernel's script went with the kernel,
+	// and matplotlib's font list is the template's).
+	waitFor(t, "the python-data pool to refill with a kernel", 90*time.Second, func() bool { return poolReady(t, s, "python-data") == 1 })
+	listing := "find /tmp /home/user /root | sort"
+	native := s.create(map[string]any{"template": "python-data"})
+	if !strings.Contains(s.logText(), `sandbox created from the warm pool" sandbox=`+native+" template=python-data") {
+		t.Fatalf("the native create of python-data was not claimed from the pool")
+	}
+	cold := s.create(map[string]any{"template": "python-data", "memory_mb": 640}) // not the pool's shape
+	if got, want := s.sh(native, listing), s.sh(cold, listing); got.ExitCode != 0 || got.Stdout != want.Stdout || strings.Contains(got.Stdout, ".space-e2b") {
+		t.Errorf("files of a sandbox claimed without its prestarted kernel:\n%s\nwant those of a cold one:\n%s", got.Stdout, want.Stdout)
+	}
+	if ps := s.processes(native); len(ps) != 1 || ps[0].Running {
+		t.Errorf("processes in a sandbox claimed without its prestarted kernel: %+v, want only the listing, exited", ps)
+	}
+
 	// An admin turns the prestart off: the pool is made again without
 	// the kernel, and a first cell starts its own (nothing imported yet).
 	var set struct {

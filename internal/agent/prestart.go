@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -17,7 +18,8 @@ import (
 // process was started with the pool's environment, not the owner's; the
 // claim's Init settles it before anything else reaches the sandbox: kept,
 // it reads the owner's environment as one line on its stdin (and applies
-// it to itself); not kept, it is killed and forgotten.
+// it to itself); not kept, it is killed and forgotten, and the paths made
+// for it (StartRequest.InitDiscard: the kernel's script) are removed.
 
 // prestartWait bounds how long an Init waits for a prestarted process to
 // take its line, or to exit once killed.
@@ -64,5 +66,10 @@ func (a *Agent) settlePrestarted(env map[string]string, keep bool) {
 			a.log.Warn("prestarted process did not exit after SIGKILL", "pid", p.pid)
 		}
 		a.forget(p)
+		for _, path := range p.initDiscard {
+			if err := os.RemoveAll(path); err != nil {
+				a.log.Warn("prestarted process: remove what was made for it", "path", path, "err", err)
+			}
+		}
 	}
 }

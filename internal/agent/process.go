@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,6 +63,8 @@ type process struct {
 	// initStdin: started with StartRequest.InitStdin and not yet through
 	// an Init (guarded by Agent.mu; see prestart.go).
 	initStdin bool
+	// initDiscard: StartRequest.InitDiscard, removed if that Init kills it.
+	initDiscard []string
 }
 
 func (p *process) snapshot() agentproto.Process {
@@ -80,6 +83,14 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 	}
 	if req.InitStdin && (!req.Stdin || req.PTY != nil) {
 		return nil, nil, errdefs.InvalidArgument("init_stdin needs an open stdin (stdin: true) and no PTY")
+	}
+	if len(req.InitDiscard) > 0 && !req.InitStdin {
+		return nil, nil, errdefs.InvalidArgument("init_discard needs init_stdin")
+	}
+	for _, path := range req.InitDiscard {
+		if !filepath.IsAbs(path) || filepath.Clean(path) != path || path == "/" {
+			return nil, nil, errdefs.InvalidArgument("init_discard: %q is not a clean absolute path below /", path)
+		}
 	}
 	name := req.User
 	if name == "" {
@@ -119,7 +130,7 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 		}
 	}
 
-	p := &process{log: newEventLog(a.opts.MaxOutput), done: make(chan struct{}), initStdin: req.InitStdin}
+	p := &process{log: newEventLog(a.opts.MaxOutput), done: make(chan struct{}), initStdin: req.InitStdin, initDiscard: req.InitDiscard}
 	var sub *subscriber
 	if follow {
 		sub = p.log.subscribe(1)

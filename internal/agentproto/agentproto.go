@@ -26,7 +26,9 @@ import (
 // 5: POST /v1/connect (a TCP connection to a port of the sandbox).
 // 6: StartRequest.InitStdin and InitRequest.KeepPrestarted (a warm pool's
 // prestarted processes).
-const Version = "6"
+// 7: StartRequest.InitDiscard (what a prestarted process leaves behind,
+// removed when the claim does not keep it).
+const Version = "7"
 
 // Paths served by the agent.
 const (
@@ -204,6 +206,11 @@ type StartRequest struct {
 	// gives one either writes an InitLine to its stdin (Stdin must be set)
 	// or kills it; see InitRequest.KeepPrestarted.
 	InitStdin bool `json:"init_stdin,omitempty"`
+	// InitDiscard, with InitStdin, are absolute paths (files or whole
+	// directories) made for the process ahead of the claim: the Init that
+	// kills it removes them too, so an owner who did not keep it finds
+	// nothing of it on disk either.
+	InitDiscard []string `json:"init_discard,omitempty"`
 }
 
 // PTYSize is a terminal size.

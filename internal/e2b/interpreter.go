@@ -224,9 +224,10 @@ func KernelPrestart() *sandbox.Prestart {
 	c := defaultContext("python")
 	file, src, argv := kernelOf(c.Language)
 	return &sandbox.Prestart{
-		Files: map[string][]byte{file: src},
-		Start: agentproto.StartRequest{Cmd: append(argv, "--preload", preloadModules), Cwd: c.Cwd, Tag: kernelTag(c)},
-		Ready: []byte(kernelReady),
+		Files:   map[string][]byte{file: src},
+		Discard: []string{kernelDir},
+		Start:   agentproto.StartRequest{Cmd: append(argv, "--preload", preloadModules), Cwd: c.Cwd, Tag: kernelTag(c)},
+		Ready:   []byte(kernelReady),
 	}
 }
 

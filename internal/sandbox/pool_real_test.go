@@ -333,9 +333,10 @@ func TestPoolPrestart(t *testing.T) {
 	svc, st, tpl := realService(t)
 	ctx := context.Background()
 	ps := &Prestart{
-		Files: map[string][]byte{"/tmp/prestart/run.sh": []byte(`echo "pool env: [$OWNER]"; sleep 0.3; echo READY; read line; echo "claim: $line"; exec sleep 600` + "\n")},
-		Start: agentproto.StartRequest{Cmd: []string{"/bin/sh", "/tmp/prestart/run.sh"}, Tag: "prestarted"},
-		Ready: []byte("READY\n"),
+		Files:   map[string][]byte{"/tmp/prestart/run.sh": []byte(`echo "pool env: [$OWNER]"; echo loaded > /tmp/prestart/cache; sleep 0.3; echo READY; read line; echo "claim: $line"; exec sleep 600` + "\n")},
+		Discard: []string{"/tmp/prestart"},
+		Start:   agentproto.StartRequest{Cmd: []string{"/bin/sh", "/tmp/prestart/run.sh"}, Tag: "prestarted"},
+		Ready:   []byte("READY\n"),
 	}
 	svc.StartPool(ctx, tpl, PoolConfig{Template: "base", Size: 1, Prestart: ps})
 	claim := func(keep bool) (string, []agentproto.Process) {
@@ -382,6 +383,9 @@ func TestPoolPrestart(t *testing.T) {
 	if string(out) != "pool env: []\nREADY\n"+want {
 		t.Errorf("prestarted process printed %q, want the pool's empty env, ready, then the claim's line", out)
 	}
+	if code := exitCode(t, svc, id, "test", "-e", "/tmp/prestart/cache"); code != 0 {
+		t.Errorf("kept: `test -e /tmp/prestart/cache` exited %d, want 0 (a kept process keeps its files)", code)
+	}
 
 	id, procs = claim(false)
 	if len(procs) != 0 {
@@ -402,6 +406,29 @@ func TestPoolPrestart(t *testing.T) {
 	evs.Close()
 	if bytes.Contains(out, []byte("run.sh")) || bytes.Contains(out, []byte("sleep 600")) {
 		t.Errorf("not kept: the prestarted process still runs in the sandbox (ps, pid %d):\n%s", pid, out)
+	}
+	// Nor is anything it left on disk (its Discard).
+	if code := exitCode(t, svc, id, "test", "-e", "/tmp/prestart"); code != 1 {
+		t.Errorf("not kept: `test -e /tmp/prestart` exited %d, want 1 (the prestart's files removed)", code)
+	}
+}
+
+// exitCode runs cmd in sandbox id (team "t") and returns its exit code.
+func exitCode(t *testing.T, svc *Service, id string, cmd ...string) int {
+	t.Helper()
+	_, evs, err := svc.Run(context.Background(), Caller{Team: "t"}, id, ExecRequest{Cmd: cmd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evs.Close()
+	for {
+		ev, err := evs.Next()
+		if err != nil {
+			t.Fatalf("%v: no exit: %v", cmd, err)
+		}
+		if ev.Type == agentproto.EventExit && ev.ExitCode != nil {
+			return *ev.ExitCode
+		}
 	}
 }
 

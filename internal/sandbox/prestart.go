@@ -21,14 +21,20 @@ import (
 // the sandbox: a create that asks to keep it (CreateRequest.KeepPrestarted)
 // has the owner's environment written to its stdin as one line
 // (agentproto.InitLine), which the process applies to itself; any other
-// create has it killed, so the owner finds only what they start. Nothing
+// create has it killed and its Discard paths removed, so the owner finds
+// only what they start, running or on disk. Nothing
 // of an owner is in it before the claim, and a pooled sandbox is never
 // claimed twice.
 type Prestart struct {
 	// Files are written first, owned by the sandbox's default user (mode
 	// 0644), keyed by absolute path; missing directories are made.
 	Files map[string][]byte
-	// Start starts the process (the pool sets Stdin and InitStdin).
+	// Discard are the paths made for the process (Files' directory, what
+	// the process itself writes), removed with everything in them when a
+	// claim does not keep it.
+	Discard []string
+	// Start starts the process (the pool sets Stdin, InitStdin and
+	// InitDiscard).
 	Start agentproto.StartRequest
 	// Ready, when set, is what the process prints on stdout once it is
 	// ready to serve: the sandbox joins the pool once it was printed, or
@@ -74,7 +80,7 @@ func (s *Service) prestart(ctx context.Context, ps *Prestart, w *warm) string {
 		}
 	}
 	req := ps.Start
-	req.Stdin, req.InitStdin = true, true
+	req.Stdin, req.InitStdin, req.InitDiscard = true, true, ps.Discard
 	pid, evs, err := w.agent.Run(ctx, req)
 	if err != nil {
 		log.Warn("warm pool: prestart: start", "err", err)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -60,9 +62,22 @@ func listed(t *testing.T, c *agentclient.Client, pid int) bool {
 func TestPrestartedSettledAtInit(t *testing.T) {
 	ctx := context.Background()
 	script := `read a; echo "first $a"; read b; echo "second $b"`
-	start := func(c *agentclient.Client, initStdin bool) int {
+	// made is a directory made for a prestarted process (InitDiscard),
+	// with a file in it, as the pool writes the kernel's script.
+	made := func() string {
 		t.Helper()
-		pid, err := c.Start(ctx, agentproto.StartRequest{Cmd: []string{"/bin/sh", "-c", script}, Stdin: true, InitStdin: initStdin})
+		dir := filepath.Join(t.TempDir(), "made")
+		if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "sub", "run.py"), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	start := func(c *agentclient.Client, initStdin bool, discard ...string) int {
+		t.Helper()
+		pid, err := c.Start(ctx, agentproto.StartRequest{Cmd: []string{"/bin/sh", "-c", script}, Stdin: true, InitStdin: initStdin, InitDiscard: discard})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +85,8 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 	}
 
 	kept := hostAgent(t)
-	pre, other := start(kept, true), start(kept, false)
+	keptDir := made()
+	pre, other := start(kept, true, keptDir), start(kept, false)
 	env := map[string]string{"TENANT": "alpha"}
 	// An Init without an identity (a pool sandbox restored from its
 	// image gets one with the clock and entropy) settles nothing.
@@ -95,11 +111,21 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 	if got := output(t, kept, other); got != "first \nsecond \n" {
 		t.Errorf("a process started without init_stdin printed %q: it was written to", got)
 	}
+	if _, err := os.Stat(filepath.Join(keptDir, "sub", "run.py")); err != nil {
+		t.Errorf("the files of a kept prestarted process were removed: %v", err)
+	}
 
 	dropped := hostAgent(t)
-	pre, other = start(dropped, true), start(dropped, false)
+	droppedDir := made()
+	pre, other = start(dropped, true, droppedDir), start(dropped, false)
 	if err := dropped.Init(ctx, agentproto.InitRequest{SandboxID: "sb-3", Env: env}); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(droppedDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("what was made for a prestarted process not kept is still there: %v", err)
+	}
+	if _, err := os.Stat(filepath.Dir(droppedDir)); err != nil {
+		t.Errorf("the directory above the discarded one went too: %v", err)
 	}
 	if listed(t, dropped, pre) {
 		t.Errorf("a prestarted process not kept is still listed after the Init")
@@ -117,10 +143,18 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 		t.Errorf("the other process printed %q", got)
 	}
 
-	// init_stdin needs a stdin to write to.
-	_, err := dropped.Start(ctx, agentproto.StartRequest{Cmd: []string{"true"}, InitStdin: true})
-	if !errors.Is(err, errdefs.ErrInvalidArgument) {
-		t.Errorf("init_stdin without stdin: %v, want invalid argument", err)
+	// init_stdin needs a stdin to write to; init_discard needs
+	// init_stdin and clean absolute paths.
+	for _, req := range []agentproto.StartRequest{
+		{Cmd: []string{"true"}, InitStdin: true},
+		{Cmd: []string{"true"}, InitDiscard: []string{droppedDir}},
+		{Cmd: []string{"true"}, Stdin: true, InitStdin: true, InitDiscard: []string{"/"}},
+		{Cmd: []string{"true"}, Stdin: true, InitStdin: true, InitDiscard: []string{"tmp/x"}},
+		{Cmd: []string{"true"}, Stdin: true, InitStdin: true, InitDiscard: []string{"/tmp/../etc"}},
+	} {
+		if _, err := dropped.Start(ctx, req); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("start %+v: %v, want invalid argument", req, err)
+		}
 	}
 }
 
