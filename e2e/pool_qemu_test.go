@@ -132,6 +132,34 @@ func TestQEMUWarmPoolFromImage(t *testing.T) {
 		}
 	}
 
+	// A VM's memory floor is checked before a setting is stored.
+	var e apiError
+	if code := s.do("PUT", "/v1/pools/base", s.key, map[string]any{"driver": "qemu", "size": 1, "memory_mb": 100}, &e); code != 400 || !strings.Contains(e.Message, "at least 128") {
+		t.Errorf("PUT a qemu pool of 100 MiB: %d %+v, want 400 naming the VM's floor", code, e)
+	}
+	// Turned off and on at once (the old pool retires in the background
+	// while the new one builds its image): the new pool builds an image
+	// of its own and refills from it, and the old one's goes. (That two
+	// pools of a shape never share an image dir, which a retiring pool
+	// would remove under its successor, is TestPoolImageCheck's; here the
+	// timing rarely shows it.)
+	failedBefore, builtBefore, restoresBefore := metric(t, s, failed), metric(t, s, built), metric(t, s, restores)
+	for _, size := range []int{0, 2} {
+		if code := s.do("PUT", "/v1/pools/base", s.key, map[string]any{"driver": "qemu", "size": size, "memory_mb": vmMemoryMB}, nil); code != 200 {
+			t.Fatalf("PUT the qemu pool to %d: %d", size, code)
+		}
+	}
+	waitFor(t, "the new qemu pool to fill from its own image", 5*time.Minute, func() bool {
+		return metric(t, s, restores) >= restoresBefore+2 && pooledCount(t, s) >= 2
+	})
+	if n, b := metric(t, s, failed), metric(t, s, built); n != failedBefore || b != builtBefore+1 {
+		t.Errorf("after off and on: restore failures %v → %v, images built %v → %v; want no new failure and one new image", failedBefore, n, builtBefore, b)
+	}
+	waitFor(t, "the retired pool's image to go", 30*time.Second, func() bool {
+		images, _ := filepath.Glob(filepath.Join(s.data, "pool-images", "qemu-*", "image.json"))
+		return len(images) == 1
+	})
+
 	// A clean stop removes the image with the pool.
 	s.stop(true)
 	if _, err := os.Stat(filepath.Join(s.data, "pool-images")); !os.IsNotExist(err) {

@@ -332,6 +332,8 @@ func TestPoolSettings(t *testing.T) {
 		{"/v1/pools/base", map[string]any{"size": 2, "max": 1}, 400, "pool max 1"},
 		{"/v1/pools/base", map[string]any{"size": 1, "driver": "qemu"}, 400, "not enabled"},
 		{"/v1/pools/base", map[string]any{"size": 1, "memory_mb": 1}, 400, "memory"},
+		{"/v1/pools/base", map[string]any{"size": 0, "max": 4}, 400, "size 0 is off"},
+		{"/v1/pools/base", map[string]any{"size": 1, "prestart": true}, 400, "start no process"},
 		{"/v1/pools/base", map[string]any{"size": 1, "sizes": 2}, 400, "unknown field"},
 		{"/v1/pools/base", "[1]", 400, "JSON object"},
 		{"/v1/pools/nope", map[string]any{"size": 1}, 404, "no built-in template"},

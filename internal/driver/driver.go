@@ -115,6 +115,13 @@ type MemoryWatcher interface {
 	WatchMemory(ctx context.Context, fn func() (freed int64)) error
 }
 
+// MemoryFloor is implemented by drivers that cannot run a sandbox with
+// less memory than some size (a VM's kernel and agent): a create or a
+// pool asking for less is refused before anything starts.
+type MemoryFloor interface {
+	MinMemoryMB() int
+}
+
 // Handle is the persisted, driver-specific record of an instance.
 type Handle struct {
 	Driver string          `json:"driver"`

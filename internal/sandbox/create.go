@@ -98,6 +98,9 @@ func (s *Service) validateCreate(r *CreateRequest) error {
 	if r.MemoryMB == 0 {
 		r.MemoryMB = 512
 	}
+	if f, ok := s.drivers[r.Driver].(driver.MemoryFloor); ok && r.MemoryMB < f.MinMemoryMB() {
+		return errdefs.InvalidArgument("memory_mb: the %s driver needs at least %d", r.Driver, f.MinMemoryMB())
+	}
 	return nil
 }
 
@@ -220,7 +223,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 
 	// A warm sandbox of this shape, started ahead of demand, is handed
 	// over when there is one: only the identity remains to be given.
-	if p := s.pools.get(shapeOf(sb)); p != nil {
+	if p := s.poolSet().get(shapeOf(sb)); p != nil {
 		if w := p.take(); w != nil {
 			out, err := s.claim(ctx, c, sb, req, w, quota)
 			if errorsIs(err, errdefs.ErrQuotaExceeded) {

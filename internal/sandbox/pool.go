@@ -108,10 +108,21 @@ type pool struct {
 }
 
 type pools struct {
-	mu     sync.Mutex
-	byKey  map[shape]*pool
+	mu    sync.Mutex
+	byKey map[shape]*pool
+	// closed: StopPools began; nothing starts under wg any more. Every
+	// wg.Go happens under mu after checking it, so StopPools's wait
+	// covers all of them.
+	closed bool
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+}
+
+// poolSet is the running pools, nil before the first started.
+func (s *Service) poolSet() *pools {
+	s.poolsMu.Lock()
+	defer s.poolsMu.Unlock()
+	return s.pools
 }
 
 func (ps *pools) get(k shape) *pool {
@@ -137,6 +148,9 @@ const (
 func (s *Service) CheckPool(cfg PoolConfig) (PoolConfig, error) {
 	if cfg.Size < 0 || cfg.Size > MaxPoolSize {
 		return cfg, errdefs.InvalidArgument("pool size %d: want 0 to %d", cfg.Size, MaxPoolSize)
+	}
+	if cfg.Size == 0 && cfg.Max != 0 {
+		return cfg, errdefs.InvalidArgument("pool max %d: a pool of size 0 is off; leave max out", cfg.Max)
 	}
 	if cfg.Max != 0 && (cfg.Max < cfg.Size || cfg.Max > MaxPoolTarget) {
 		return cfg, errdefs.InvalidArgument("pool max %d: want the size (%d) to %d, or 0 for 4×size", cfg.Max, cfg.Size, MaxPoolTarget)
@@ -195,14 +209,15 @@ func (s *Service) SetPool(ctx context.Context, tpl store.Template, cfg PoolConfi
 // find them at once, and their warm sandboxes are destroyed in the
 // background, after a refill in flight (never cut short) ended.
 func (s *Service) StopPool(template, drv string) {
-	s.poolsMu.Lock()
-	ps := s.pools
-	s.poolsMu.Unlock()
+	ps := s.poolSet()
 	if ps == nil {
 		return
 	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
+	if ps.closed {
+		return
+	}
 	for k, p := range ps.byKey {
 		if p.tpl.Name == template && k.driver == drv {
 			delete(ps.byKey, k)
@@ -217,6 +232,12 @@ func (s *Service) StopPool(template, drv string) {
 func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolConfig) {
 	k := shape{digest: tpl.Digest, driver: cfg.Driver, cpu: cfg.CPU, memoryMB: cfg.MemoryMB}
 	s.poolsMu.Lock()
+	if s.poolsStopped {
+		// The server is shutting down (a template build that ended
+		// after Shutdown began): no pool may start behind StopPools.
+		s.poolsMu.Unlock()
+		return
+	}
 	if s.pools == nil {
 		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		s.pools = &pools{byKey: map[shape]*pool{}, cancel: cancel}
@@ -227,6 +248,10 @@ func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolCon
 	ps := s.pools
 	s.poolsMu.Unlock()
 	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.closed {
+		return
+	}
 	for old, op := range ps.byKey {
 		if op.tpl.Name != tpl.Name || old.driver != k.driver || old == k {
 			continue
@@ -241,7 +266,6 @@ func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolCon
 		ps.wg.Go(func() { s.retirePool(p) })
 	}
 	if p := ps.byKey[k]; p != nil {
-		ps.mu.Unlock()
 		p.resize(cfg, &ps.wg)
 		return
 	}
@@ -261,18 +285,17 @@ func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolCon
 	}
 	p.target.Store(int64(cfg.Size))
 	ps.byKey[k] = p
-	ps.mu.Unlock()
+	s.log.Info("warm pool started", "template", tpl.Name, "driver", k.driver, "size", cfg.Size, "max", cfg.Max, "memory_mb", k.memoryMB, "from_image", p.img != nil)
 	ps.wg.Go(func() {
 		defer close(p.done)
 		p.fill(pctx)
 	})
-	s.log.Info("warm pool started", "template", tpl.Name, "driver", k.driver, "size", cfg.Size, "max", cfg.Max, "memory_mb", k.memoryMB, "from_image", p.img != nil)
 }
 
 // resize gives a running pool a new size and max: its target follows at
 // once, warm sandboxes above it leave the pool now (destroyed in the
 // background, under wg, so the caller does not wait for them), and a grown
-// pool starts refilling.
+// pool starts refilling. The caller holds the pools' mu (see pools.closed).
 func (p *pool) resize(cfg PoolConfig, wg *sync.WaitGroup) {
 	p.mu.Lock()
 	changed := p.base != cfg.Size || p.max != cfg.Max
@@ -725,20 +748,27 @@ func (s *Service) afterBurst(wake <-chan struct{}, limit, quiet time.Duration) {
 }
 
 // StopPools stops refilling and destroys every warm sandbox.
+// No pool starts, changes or retires after it began, so once it returned
+// no warm sandbox is left running.
 func (s *Service) StopPools() {
 	s.poolsMu.Lock()
+	s.poolsStopped = true
 	ps := s.pools
 	s.poolsMu.Unlock()
 	if ps == nil {
 		return
 	}
+	ps.mu.Lock()
+	ps.closed = true
+	ps.mu.Unlock()
 	ps.cancel()
 	ps.wg.Wait()
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	n := 0
-	for _, p := range ps.byKey {
+	for k, p := range ps.byKey {
 		n += s.drainPool(p)
+		delete(ps.byKey, k)
 	}
 	// Whatever else is there (a temp dir of a build cut short).
 	_ = os.RemoveAll(s.poolImagesDir())
@@ -802,9 +832,7 @@ type PoolStatus struct {
 // memory.
 func (s *Service) Pools() []PoolStatus {
 	out := []PoolStatus{}
-	s.poolsMu.Lock()
-	ps := s.pools
-	s.poolsMu.Unlock()
+	ps := s.poolSet()
 	if ps == nil {
 		return out
 	}

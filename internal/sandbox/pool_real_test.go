@@ -323,6 +323,41 @@ func TestSetPool(t *testing.T) {
 	}
 }
 
+// TestNoPoolAfterStopPools: once StopPools (Shutdown) began, nothing
+// starts, grows or replaces a pool, whether pools ran before (a setting
+// applied during the shutdown) or none did (a template build that ended
+// after it): no warm sandbox outlives the server's stop.
+func TestNoPoolAfterStopPools(t *testing.T) {
+	ctx := context.Background()
+	svc, st, tpl := realService(t)
+	svc.StartPool(ctx, tpl, PoolConfig{Template: "base", Size: 1})
+	waitUntil(t, "the pool to fill", func() bool { return svc.PoolReady()["base"] == 1 })
+	svc.StopPools()
+	for _, cfg := range []PoolConfig{{Size: 2}, {Size: 1, MemoryMB: 256}} {
+		if err := svc.SetPool(ctx, tpl, cfg); err != nil {
+			t.Errorf("SetPool(%+v) after StopPools: %v", cfg, err)
+		}
+	}
+	svc.StopPool("base", "")
+
+	idle, _, idleTpl := realService(t) // never had a pool
+	idle.StopPools()
+	idle.StartPool(ctx, idleTpl, PoolConfig{Template: "base", Size: 1})
+
+	time.Sleep(2 * time.Second) // a refill, had one started, would be booting
+	for name, svc := range map[string]*Service{"stopped": svc, "never started": idle} {
+		if ps := svc.Pools(); len(ps) != 0 {
+			t.Errorf("%s: pools after StopPools: %+v", name, ps)
+		}
+	}
+	if ids := pooledIDs(t, st); len(ids) != 0 {
+		t.Errorf("warm sandboxes after StopPools: %v", ids)
+	}
+	if ids := pooledIDs(t, idle.store); len(ids) != 0 {
+		t.Errorf("warm sandboxes of a service that had no pool, after StopPools: %v", ids)
+	}
+}
+
 // TestPoolPrestart: a pool starts its Prestart process in each warm
 // sandbox, with its file written, and lets the sandbox join once the
 // process said it is ready. A create that keeps it finds the same process

@@ -75,13 +75,16 @@ const (
 
 func (s *Service) poolImagesDir() string { return filepath.Join(s.cfg.DataDir, "pool-images") }
 
-// newPoolImage names the image dir of shape k.
+// newPoolImage names the image dir of a new pool of shape k: by the shape
+// and a number of its own, since a pool of the same shape that was just
+// replaced (a prestart or size 0 and back) removes its image in the
+// background while this one builds.
 func (s *Service) newPoolImage(k shape) *poolImage {
 	d := strings.TrimPrefix(k.digest, "sha256:")
 	if len(d) > 16 {
 		d = d[:16]
 	}
-	name := fmt.Sprintf("%s-%s-%dc-%dm", k.driver, d, k.cpu, k.memoryMB)
+	name := fmt.Sprintf("%s-%s-%dc-%dm-%d", k.driver, d, k.cpu, k.memoryMB, s.poolImageSeq.Add(1))
 	name = strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
 			return r
@@ -109,7 +112,9 @@ func (p *pool) refill(ctx context.Context) (*warm, error) {
 		}
 		if errors.Is(err, errTemplateGone) {
 			// Refills go on as before (cold); the image has no use.
+			p.mu.Lock() // Pools reads it
 			p.img = nil
+			p.mu.Unlock()
 			s.log.Info("warm pool: image removed", "driver", p.shape.driver, "template", p.tpl.Name, "why", err)
 		} else {
 			s.poolImageEvent(p, stage+"_failed")

@@ -23,8 +23,13 @@ func TestPoolImageCheck(t *testing.T) {
 	svc := New(Config{DataDir: dir, AgentPath: agent}, nil, nil, slog.New(slog.DiscardHandler), nil)
 	k := shape{digest: "sha256:0123456789abcdef0123", driver: "qemu", cpu: 1, memoryMB: 256}
 	p := &pool{s: svc, shape: k, tpl: store.Template{Name: "base", Digest: k.digest}, img: svc.newPoolImage(k)}
-	if want := filepath.Join(dir, "pool-images", "qemu-0123456789abcdef-1c-256m"); p.img.dir != want {
+	if want := filepath.Join(dir, "pool-images", "qemu-0123456789abcdef-1c-256m-1"); p.img.dir != want {
 		t.Errorf("image dir %s, want %s", p.img.dir, want)
+	}
+	// A later pool of the same shape (one replaced retires in the
+	// background) has an image of its own.
+	if next := svc.newPoolImage(k); next.dir == p.img.dir {
+		t.Errorf("two pools of one shape share the image dir %s", next.dir)
 	}
 	if err := svc.checkPoolImage(p); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("no image: %v", err)

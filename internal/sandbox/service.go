@@ -94,8 +94,13 @@ type Service struct {
 	onPause func(ctx context.Context, sb store.Sandbox)
 
 	poolsMu sync.Mutex
-	pools   *pools
+	pools   *pools // read through poolSet
 	poolCtx context.Context
+	// poolsStopped: StopPools ran; no pool starts after it.
+	poolsStopped bool
+	// poolImageSeq numbers pool images: each pool has its own, so a pool
+	// retiring in the background never removes its successor's.
+	poolImageSeq atomic.Int64
 
 	snaps  *Snapshots   // nil: snapshots disabled
 	egress *egressState // nil: no network for any sandbox

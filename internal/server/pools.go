@@ -145,6 +145,20 @@ func (m *poolManager) templateReady(tpl store.Template) {
 	}
 }
 
+// templateFailed stops the pools of a template whose build failed: the
+// template's record is failed, creates refuse it, and warm sandboxes of
+// its earlier build would wait for a claim that never comes. They start
+// again with the next good build (templateReady).
+func (m *poolManager) templateFailed(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, k := range m.keys() {
+		if k.template == name {
+			m.svc.StopPool(k.template, k.driver)
+		}
+	}
+}
+
 // apply makes the running pool of k what config says (m.mu held).
 func (m *poolManager) apply(ctx context.Context, k poolKey) (state string, err error) {
 	cfg := m.config(k)
@@ -190,6 +204,9 @@ func (m *poolManager) SetPool(ctx context.Context, req httpapi.PoolSetting) (htt
 	if err != nil {
 		return httpapi.PoolSetting{}, err
 	}
+	if req.Prestart != nil && *req.Prestart && m.complete(cfg).Prestart == nil {
+		return httpapi.PoolSetting{}, errdefs.InvalidArgument("prestart: pools of %s start no process (only python-data's, with the E2B API on)", k.template)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p := store.PoolSetting{
@@ -205,17 +222,28 @@ func (m *poolManager) SetPool(ctx context.Context, req httpapi.PoolSetting) (htt
 	if err != nil {
 		// Not applied: the setting before it is what stays.
 		rctx := context.WithoutCancel(ctx)
+		var rerr error
 		if had {
-			_ = m.store.PutPoolSetting(rctx, prev)
+			rerr = m.store.PutPoolSetting(rctx, prev)
 			m.set[k] = prev
 		} else {
-			_ = m.store.DeletePoolSetting(rctx, k.template, k.driver)
+			rerr = m.store.DeletePoolSetting(rctx, k.template, k.driver)
 			delete(m.set, k)
 		}
+		m.logRollback(k, rerr)
 		return httpapi.PoolSetting{}, err
 	}
 	m.log.Info("warm pool set", "template", k.template, "driver", k.driver, "size", p.Size, "max", p.Max, "memory_mb", p.MemoryMB, "cpu", p.CPU, "prestart", !p.NoPrestart, "state", state)
 	return m.view(k, state), nil
+}
+
+// logRollback says when a change that could not be applied could not be
+// undone in the store either: the server runs the setting before it, and
+// the next start reads the refused one.
+func (m *poolManager) logRollback(k poolKey, err error) {
+	if err != nil {
+		m.log.Error("warm pool setting: rolling back the refused change failed; the store holds it and the next start applies it", "template", k.template, "driver", k.driver, "err", err)
+	}
 }
 
 // ResetPool deletes an admin's pool: the command line's pool of the
@@ -243,7 +271,7 @@ func (m *poolManager) ResetPool(ctx context.Context, template_, drv string) (htt
 	if err != nil {
 		// Not applied: the setting stays.
 		if had {
-			_ = m.store.PutPoolSetting(context.WithoutCancel(ctx), prev)
+			m.logRollback(k, m.store.PutPoolSetting(context.WithoutCancel(ctx), prev))
 			m.set[k] = prev
 		}
 		return httpapi.PoolSetting{}, err

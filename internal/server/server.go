@@ -186,7 +186,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("template cache: %w", err)
 	}
-	tpls := &templates{store: st, builder: builder, log: log, ready: poolMgr.templateReady}
+	tpls := &templates{store: st, builder: builder, log: log, ready: poolMgr.templateReady, failed: poolMgr.templateFailed}
 	health := &health{detail: "default template " + cfg.DefaultTemplate + " not ready yet"}
 
 	var apiGatherer prometheus.Gatherer = reg // /metrics on the API listener unless it has its own

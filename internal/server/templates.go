@@ -22,6 +22,9 @@ type templates struct {
 	// record of every template a Build found or made ready (warm pools
 	// start or follow a rebuild).
 	ready func(store.Template)
+	// failed, when set, is called with the name of a template whose build
+	// failed: creates refuse it, so its warm pools can serve none.
+	failed func(name string)
 }
 
 // List returns the built templates and, for built-in recipes not built yet,
@@ -66,6 +69,9 @@ func (t *templates) Build(ctx context.Context, name string, progress func(string
 	built, err := t.builder.Build(ctx, r, progress)
 	if err != nil {
 		_ = t.store.PutTemplate(context.WithoutCancel(ctx), store.Template{Name: name, Digest: r.Digest(), Kind: string(template.KindDir), Recipe: recipe, Status: store.TemplateFailed, Error: err.Error()})
+		if t.failed != nil {
+			t.failed(name)
+		}
 		if ctx.Err() != nil {
 			return store.Template{}, errdefs.Unavailable("template build of %s cancelled", name)
 		}

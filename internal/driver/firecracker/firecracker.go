@@ -217,6 +217,12 @@ func versionAtLeast(version string, min [2]int) bool {
 // Name implements driver.Driver.
 func (d *Driver) Name() string { return Name }
 
+// minMemoryMB is the least memory a VM boots with (its kernel and agent).
+const minMemoryMB = 128
+
+// MinMemoryMB implements driver.MemoryFloor.
+func (d *Driver) MinMemoryMB() int { return minMemoryMB }
+
 // Version is the Firecracker version in use.
 func (d *Driver) Version() string { return d.version }
 
@@ -289,8 +295,8 @@ func (d *Driver) normalize(spec *driver.Spec) error {
 	if spec.MemoryMB <= 0 {
 		spec.MemoryMB = 512
 	}
-	if spec.MemoryMB < 128 {
-		return errdefs.InvalidArgument("firecracker: %d MiB of memory is too little for a VM (minimum 128)", spec.MemoryMB)
+	if spec.MemoryMB < minMemoryMB {
+		return errdefs.InvalidArgument("firecracker: %d MiB of memory is too little for a VM (minimum %d)", spec.MemoryMB, minMemoryMB)
 	}
 	if spec.Hostname == "" {
 		spec.Hostname = "sandbox"

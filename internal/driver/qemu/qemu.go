@@ -164,6 +164,12 @@ const tcgTBSizeMB = 256
 // Name implements driver.Driver.
 func (d *Driver) Name() string { return Name }
 
+// minMemoryMB is the least memory a VM boots with (its kernel and agent).
+const minMemoryMB = 128
+
+// MinMemoryMB implements driver.MemoryFloor.
+func (d *Driver) MinMemoryMB() int { return minMemoryMB }
+
 // Accel is the accelerator in use ("kvm" or "tcg").
 func (d *Driver) Accel() string { return d.accel }
 
@@ -217,8 +223,8 @@ func (d *Driver) normalize(spec *driver.Spec) error {
 	if spec.MemoryMB <= 0 {
 		spec.MemoryMB = 512
 	}
-	if spec.MemoryMB < 128 {
-		return errdefs.InvalidArgument("qemu: %d MiB of memory is too little for a VM (minimum 128)", spec.MemoryMB)
+	if spec.MemoryMB < minMemoryMB {
+		return errdefs.InvalidArgument("qemu: %d MiB of memory is too little for a VM (minimum %d)", spec.MemoryMB, minMemoryMB)
 	}
 	if spec.Hostname == "" {
 		spec.Hostname = "sandbox"
