@@ -81,6 +81,11 @@ type Agent struct {
 	null    int
 	nullErr error
 
+	// initMu makes Inits one at a time: a server that restarted in the
+	// middle of one sends its own while the first may still run, and the
+	// identity (env, egress) must be one Init's, whole.
+	initMu sync.Mutex
+
 	mu        sync.Mutex
 	sess      *yamux.Session // the current host session (nil between sessions)
 	watches   atomic.Int32   // file watch streams open (at most maxWatches)

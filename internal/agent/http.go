@@ -124,6 +124,8 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	a.initMu.Lock()
+	defer a.initMu.Unlock()
 	if req.Hostname != "" {
 		if err := unix.Sethostname([]byte(req.Hostname)); err != nil {
 			writeError(w, errdefs.Newf(classOf(err), "set hostname: %v", err))

@@ -211,8 +211,9 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 		return
 	}
 	// A sandbox claimed from a pool that prestarted the code interpreter's
-	// default kernel keeps it (it gets the sandbox's env at the claim).
-	req := sandbox.CreateRequest{Env: b.EnvVars, Metadata: b.Metadata, KeepPrestarted: true}
+	// default kernel keeps it (it gets the sandbox's env at the claim),
+	// unless the env sets what a kernel reads only as it starts.
+	req := sandbox.CreateRequest{Env: b.EnvVars, Metadata: b.Metadata, KeepPrestarted: !startupEnv(b.EnvVars)}
 	if b.Timeout != nil {
 		req.TimeoutS = *b.Timeout
 	}
@@ -739,4 +740,27 @@ func (h *Handler) writeError(w http.ResponseWriter, r *http.Request, err error) 
 		w.Header().Set("Retry-After", "1")
 	}
 	writeJSONError(w, status, fmt.Sprint(msg))
+}
+
+// startupEnv reports whether env sets a variable a Python kernel reads
+// only while it starts or imports its libraries: the interpreter's own
+// (PYTHONPATH, PYTHONHASHSEED, ...), the dynamic loader's, the locale and
+// time zone, the thread pools of numpy's BLAS, matplotlib's config dir, the
+// home and temp dirs. A prestarted kernel takes the owner's env after all
+// that, so it would not honour them: such a create has it killed, and the
+// first cell starts a kernel of its own, as in a cold sandbox.
+// MPLBACKEND is not one: the kernel switches the backend when it gets it.
+func startupEnv(env map[string]string) bool {
+	for k := range env {
+		switch k {
+		case "TZ", "LANG", "LANGUAGE", "HOME", "TMPDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "MPLCONFIGDIR":
+			return true
+		}
+		for _, prefix := range []string{"PYTHON", "LD_", "LC_", "OMP_", "OPENBLAS_", "MKL_", "NUMEXPR_", "GOTO_"} {
+			if strings.HasPrefix(k, prefix) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -153,3 +153,36 @@ func TestRunningTagged(t *testing.T) {
 		t.Error("an exited process was selected")
 	}
 }
+
+// A create keeps a prestarted kernel only when the owner's env sets
+// nothing a kernel reads at its start only.
+func TestStartupEnv(t *testing.T) {
+	for env, want := range map[string]bool{
+		"":                     false,
+		"OWNER_VAR":            false,
+		"MPLBACKEND":           false,
+		"HTTP_PROXY":           false,
+		"PYTHONPATH":           true,
+		"PYTHONHASHSEED":       true,
+		"TZ":                   true,
+		"LANG":                 true,
+		"LC_ALL":               true,
+		"LD_PRELOAD":           true,
+		"OMP_NUM_THREADS":      true,
+		"OPENBLAS_NUM_THREADS": true,
+		"MPLCONFIGDIR":         true,
+		"HOME":                 true,
+		"TMPDIR":               true,
+		"XDG_CACHE_HOME":       true,
+		"NUMEXPR_MAX_THREADS":  true,
+		"MKL_NUM_THREADS":      true,
+	} {
+		m := map[string]string{"A": "1"}
+		if env != "" {
+			m[env] = "x"
+		}
+		if got := startupEnv(m); got != want {
+			t.Errorf("startupEnv with %s = %v, want %v", env, got, want)
+		}
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +23,15 @@ import (
 // hostAgent runs a real space-agent in this process, reached over a unix
 // socket the way the drivers reach theirs.
 func hostAgent(t *testing.T) *agentclient.Client {
+	t.Helper()
+	c := agentclient.New(hostAgentDialer(t), slog.New(slog.DiscardHandler))
+	t.Cleanup(func() { c.Close() }) // before the agent stops
+	return c
+}
+
+// hostAgentDialer runs a real space-agent in this process and returns
+// what reaches it (each call waits for the agent's next connection).
+func hostAgentDialer(t *testing.T) func(ctx context.Context) (net.Conn, error) {
 	t.Helper()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "agent.sock")
@@ -43,15 +54,13 @@ func hostAgent(t *testing.T) *agentclient.Client {
 		defer close(served)
 		_ = a.Serve(ctx, agent.Dial("unix", sock))
 	}()
-	c := agentclient.New(agentclient.AcceptDialer(ln), slog.New(slog.DiscardHandler))
 	t.Cleanup(func() {
-		c.Close()
 		cancel()
 		ln.Close()
 		<-served
 		a.Close()
 	})
-	return c
+	return agentclient.AcceptDialer(ln)
 }
 
 // A server that died between answering a warm create and delivering the
@@ -96,6 +105,58 @@ func TestConfirmIdentityDeliversUndelivered(t *testing.T) {
 	}
 	if out := runEnv(t, c, "TENANT"); out != "alpha" {
 		t.Fatalf("TENANT = %q: an initialised agent was initialised again", out)
+	}
+}
+
+// A re-attached sandbox whose agent does not answer is asked again until
+// confirmWithin and then not trusted: its requests get an error instead
+// of running without an identity it may lack, and lifecycle operations (a
+// delete) go on. An agent that answers after a few failed dials gets its
+// identity.
+func TestConfirmIdentityUnanswered(t *testing.T) {
+	defer func(d time.Duration) { confirmWithin = d }(confirmWithin)
+	confirmWithin = 2 * time.Second
+	svc := New(Config{DataDir: t.TempDir()}, nil, nil, slog.New(slog.DiscardHandler), nil)
+	sb := store.Sandbox{ID: "sb-unanswered", Team: "t", Env: map[string]string{"TENANT": "alpha"}}
+	down := agentclient.New(func(ctx context.Context) (net.Conn, error) {
+		return nil, errors.New("agent unreachable")
+	}, slog.New(slog.DiscardHandler))
+	defer down.Close()
+	l := &live{agent: down, ready: make(chan struct{})}
+	l.opMu.Lock()
+	start := time.Now()
+	go svc.confirmIdentity(sb, l)
+	if err := l.wait(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "not confirmed") {
+		t.Fatalf("requests to a sandbox whose agent never answered: %v, want unavailable", err)
+	}
+	if d := time.Since(start); d < confirmWithin {
+		t.Errorf("gave up after %v, before confirmWithin (%v)", d, confirmWithin)
+	}
+	if !l.opMu.TryLock() {
+		t.Fatal("opMu still held: a delete would hang")
+	}
+	l.opMu.Unlock()
+
+	// Unreachable for its first dials, then up: asked again, it gets its
+	// identity.
+	dial := hostAgentDialer(t)
+	var dials atomic.Int32
+	flaky := agentclient.New(func(ctx context.Context) (net.Conn, error) {
+		if dials.Add(1) <= 3 {
+			return nil, errors.New("agent not up yet")
+		}
+		return dial(ctx)
+	}, slog.New(slog.DiscardHandler))
+	defer flaky.Close()
+	confirmWithin = 30 * time.Second
+	l2 := &live{agent: flaky, ready: make(chan struct{})}
+	l2.opMu.Lock()
+	go svc.confirmIdentity(sb, l2)
+	if err := l2.wait(context.Background()); err != nil {
+		t.Fatalf("an agent up after %d dials: %v", dials.Load(), err)
+	}
+	if out := runEnv(t, flaky, "TENANT"); out != "alpha" {
+		t.Fatalf("TENANT = %q after a late confirmation", out)
 	}
 }
 

@@ -77,6 +77,10 @@ type warm struct {
 	// stopMemWatch ends the memory watch registered when the sandbox was
 	// made (prewatch); nil when none was.
 	stopMemWatch context.CancelFunc
+	// dead is set when the instance stopped while it waited in the pool
+	// (watchWarm); stopWait ends that watch (nil when none was started).
+	dead     atomic.Bool
+	stopWait context.CancelFunc
 }
 
 // pool keeps warm sandboxes of one shape.
@@ -105,6 +109,9 @@ type pool struct {
 	// starved is set (by fill only) while the host is below its memory
 	// reserve, so the refusal is logged once.
 	starved bool
+	// purgeDead is set when a warm sandbox was found stopped (watchWarm):
+	// fill's next round takes the dead out of ready (purge).
+	purgeDead atomic.Bool
 }
 
 type pools struct {
@@ -337,15 +344,73 @@ func (p *pool) take() *warm {
 	p.mu.Lock()
 	p.demand = append(p.demand, time.Now())
 	p.mu.Unlock()
-	select {
-	case w := <-p.ready:
+	for {
+		select {
+		case w := <-p.ready:
+			select {
+			case p.kick <- struct{}{}:
+			default:
+			}
+			if w.dead.Load() {
+				// Stopped while it waited (watchWarm): never handed out.
+				p.s.discardWarm(w)
+				continue
+			}
+			if w.stopWait != nil {
+				w.stopWait() // the claimed sandbox's own watch follows
+			}
+			return w
+		default:
+			return nil
+		}
+	}
+}
+
+// watchWarm marks w dead when its instance stops while it waits in the
+// pool (the host's OOM killer, a crash): take skips it and fill takes it
+// out and boots a replacement, so a create never gets a sandbox that is
+// gone (it would answer 201, then fail its identity and be destroyed).
+func (p *pool) watchWarm(w *warm) {
+	ctx, cancel := context.WithCancel(context.Background())
+	w.stopWait = cancel
+	go func() {
+		st, err := w.inst.Wait(ctx)
+		if err != nil || ctx.Err() != nil {
+			return // claimed or discarded
+		}
+		w.dead.Store(true)
+		p.purgeDead.Store(true)
+		p.s.log.Warn("warm pool: a waiting sandbox stopped; replacing it", "sandbox", w.sb.ID, "driver", p.shape.driver, "reason", st.Reason)
 		select {
 		case p.kick <- struct{}{}:
 		default:
 		}
-		return w
-	default:
-		return nil
+	}()
+}
+
+// purge takes the dead out of ready and destroys them (fill only, so a
+// drain, which runs once fill returned, misses none it holds).
+func (p *pool) purge() {
+	var live []*warm
+	for {
+		select {
+		case w := <-p.ready:
+			if w.dead.Load() {
+				p.s.discardWarm(w)
+			} else {
+				live = append(live, w)
+			}
+			continue
+		default:
+		}
+		break
+	}
+	for _, w := range live {
+		select {
+		case p.ready <- w:
+		default:
+			p.s.discardWarm(w)
+		}
 	}
 }
 
@@ -377,6 +442,9 @@ func (p *pool) fill(ctx context.Context) {
 	failures := 0
 	var over time.Time // since when the pool holds more than its target
 	for ctx.Err() == nil {
+		if p.purgeDead.Swap(false) {
+			p.purge()
+		}
 		p.adapt()
 		// A shrink leaves the pool at or above its target: no refill
 		// follows, and the next shrink waits for the next round.
@@ -447,6 +515,7 @@ func (p *pool) fill(ctx context.Context) {
 				continue
 			}
 			p.s.prewatch(w)
+			p.watchWarm(w)
 			select {
 			case p.ready <- w:
 				continue
@@ -543,11 +612,20 @@ func (s *Service) prewatch(w *warm) {
 // discardWarm destroys a pooled sandbox that will not be used.
 func (s *Service) discardWarm(w *warm) {
 	ctx := context.Background()
+	if w.stopWait != nil {
+		w.stopWait()
+	}
 	if w.stopMemWatch != nil {
 		w.stopMemWatch()
 	}
 	w.agent.Close()
-	_ = w.inst.Destroy(ctx)
+	if err := w.inst.Destroy(ctx); err != nil {
+		// Its record (with the handle) stays: the next start's Recover
+		// destroys pooled sandboxes again. Deleted, nothing would know of
+		// the instance that may still run.
+		s.log.Error("warm pool: destroying a warm sandbox failed; its record stays for the next start", "sandbox", w.sb.ID, "err", err)
+		return
+	}
 	_ = s.store.DeleteSandbox(ctx, w.sb.ID)
 }
 
@@ -601,10 +679,10 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 	init.SandboxID, init.Env = sb.ID, maps.Clone(sb.Env)
 	l.ready, l.urgent = make(chan struct{}), make(chan struct{})
 	l.opMu.Lock()
-	go s.deliverIdentity(sb, l, init, network)
 	s.mu.Lock()
-	s.live[sb.ID] = l
+	s.live[sb.ID] = l // before the delivery, which may destroy it
 	s.mu.Unlock()
+	go s.deliverIdentity(sb, l, init, network)
 	s.watch(sb.ID, l, w.stopMemWatch)
 	s.log.Info("sandbox created from the warm pool", "sandbox", sb.ID, "template", sb.Template, "driver", sb.Driver, "restored", w.restored)
 	return sb, nil
@@ -619,7 +697,6 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 // answering the rest of the burst) or at once when something needs the
 // sandbox (hurry): a create followed by an exec waits no longer.
 func (s *Service) deliverIdentity(sb store.Sandbox, l *live, init agentproto.InitRequest, network bool) {
-	id := sb.ID
 	s.afterBurst(l.urgent, identityMaxDefer, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	err := prioritize(ctx, l.inst)
@@ -634,14 +711,21 @@ func (s *Service) deliverIdentity(sb store.Sandbox, l *live, init agentproto.Ini
 		err = l.agent.Init(ctx, init)
 	}
 	cancel()
+	s.identityDone(sb.ID, l, err)
+}
+
+// identityDone ends an identity delivery: requests go through (l.ready)
+// and lifecycle operations too (l.opMu, held by the delivery). A sandbox
+// whose agent did not take its identity must not run without it: requests
+// get the error, and it is destroyed, unless the server is stopping (it
+// closed the agent channel; the next server process delivers it).
+func (s *Service) identityDone(id string, l *live, err error) {
 	if err != nil {
 		l.initErr = fmt.Errorf("sandbox %s did not start: its agent refused its identity: %v: %w", id, err, errdefs.ErrUnavailable)
 	}
 	close(l.ready)
 	l.opMu.Unlock()
 	if err != nil && s.closing.Load() {
-		// The server is stopping (it closed the agent channel): the next
-		// server process delivers the identity (confirmIdentity).
 		s.log.Warn("claimed sandbox's identity not delivered before shutdown", "sandbox", id, "err", err)
 		return
 	}
@@ -664,26 +748,56 @@ func prioritize(ctx context.Context, inst driver.Instance) error {
 // claim whose identity delivery the previous server process did not finish
 // left an agent that never got this sandbox's id; it gets it now. Agents
 // older than protocol 2 do not report the id and are left alone.
+//
+// Whether the agent has its identity is asked until it answers (a busy
+// restart re-attaches many sandboxes at once), for confirmWithin at most;
+// one that never answers is not trusted to have it: requests get an error
+// (the sandbox stays for its owner to delete, and the next server start
+// asks again). An agent that refuses the identity is destroyed, as at a
+// claim.
 func (s *Service) confirmIdentity(sb store.Sandbox, l *live) {
-	defer func() {
+	ctx, cancel := context.WithTimeout(context.Background(), confirmWithin)
+	defer cancel()
+	var info agentproto.Info
+	var err error
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+		actx, acancel := context.WithTimeout(ctx, 20*time.Second)
+		info, err = l.agent.Info(actx)
+		acancel()
+		if err == nil || s.closing.Load() {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+			continue
+		}
+		break
+	}
+	if err != nil {
+		l.initErr = fmt.Errorf("sandbox %s: its agent did not answer since the server restarted, so its identity is not confirmed: %v: %w", sb.ID, err, errdefs.ErrUnavailable)
+		s.log.Error("re-attached sandbox's agent did not answer; its requests are refused", "sandbox", sb.ID, "err", err)
 		close(l.ready)
 		l.opMu.Unlock()
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	info, err := l.agent.Info(ctx)
-	if v, _ := strconv.Atoi(info.Version); err != nil || v < 2 || info.SandboxID == sb.ID {
+		return
+	}
+	if v, _ := strconv.Atoi(info.Version); v < 2 || info.SandboxID == sb.ID {
+		close(l.ready)
+		l.opMu.Unlock()
 		return
 	}
 	// With the sandbox's network, when it has one: the claim stored its
 	// record, and Recover bound the proxy to it; the agent has neither
 	// the endpoint nor the env yet, and placeholders are minted afresh.
-	if err := s.initAgent(ctx, sb, l.agent, agentproto.InitRequest{Entropy: freshEntropy()}, true); err != nil {
-		s.log.Error("re-attached sandbox did not take its identity", "sandbox", sb.ID, "err", err)
-		return
+	err = s.initAgent(ctx, sb, l.agent, agentproto.InitRequest{Entropy: freshEntropy()}, true)
+	if err == nil {
+		s.log.Warn("re-attached sandbox got the identity its claim had not delivered", "sandbox", sb.ID)
 	}
-	s.log.Warn("re-attached sandbox got the identity its claim had not delivered", "sandbox", sb.ID)
+	s.identityDone(sb.ID, l, err)
 }
+
+// confirmWithin bounds confirmIdentity's asking (a variable for tests).
+var confirmWithin = time.Minute
 
 // claimInit is what a claim's Init carries beyond the identity: fresh
 // entropy always (gVisor's RNG is the host's, and the ioctl is skipped

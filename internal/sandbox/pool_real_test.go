@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -355,6 +357,48 @@ func TestNoPoolAfterStopPools(t *testing.T) {
 	}
 	if ids := pooledIDs(t, idle.store); len(ids) != 0 {
 		t.Errorf("warm sandboxes of a service that had no pool, after StopPools: %v", ids)
+	}
+}
+
+// TestPoolDropsDeadWarm: a warm sandbox whose instance stopped while it
+// waited (killed from the host, as the host's OOM killer would) is taken
+// out of the pool and replaced; no create gets it.
+func TestPoolDropsDeadWarm(t *testing.T) {
+	ctx := context.Background()
+	svc, st, tpl := realService(t)
+	svc.StartPool(ctx, tpl, PoolConfig{Template: "base", Size: 1})
+	waitUntil(t, "the pool to fill", func() bool { return svc.PoolReady()["base"] == 1 })
+	var dead string
+	for id := range pooledIDs(t, st) {
+		dead = id
+	}
+	killed := 0
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range procs {
+		b, _ := os.ReadFile(f)
+		if !bytes.Contains(b, []byte(dead)) {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f))); err == nil && syscall.Kill(pid, syscall.SIGKILL) == nil {
+			killed++
+		}
+	}
+	if killed == 0 {
+		t.Fatalf("no host process of the warm sandbox %s found", dead)
+	}
+	waitUntil(t, "the dead warm sandbox to be replaced", func() bool {
+		_, still := pooledIDs(t, st)[dead]
+		return !still && svc.PoolReady()["base"] == 1
+	})
+	sb, err := svc.Create(ctx, Caller{Team: "t"}, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.ID == dead {
+		t.Fatalf("a create got the dead warm sandbox %s", dead)
+	}
+	if code := exitCode(t, svc, sb.ID, "true"); code != 0 {
+		t.Errorf("exec in the created sandbox: exit %d", code)
 	}
 }
 
