@@ -489,11 +489,21 @@ func TestForkBomb(t *testing.T) {
 	if code := s.do("POST", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/signal", id, bg.PID), s.key, map[string]string{"signal": "SIGKILL"}, nil); code != 204 {
 		t.Fatalf("kill the bomb: %d", code)
 	}
-	waitFor(t, "the bomb's processes to end", 30*time.Second, func() bool {
+	// On a loaded host one ps during the bomb took 24 s: the wait is a
+	// minute, and a failure says what was left (state, group, parent).
+	for deadline := time.Now().Add(time.Minute); ; {
 		var r execResult
 		s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "ps -u user --no-headers | wc -l", "user": "root"}, &r)
-		return strings.TrimSpace(r.Stdout) == "0"
-	})
+		if strings.TrimSpace(r.Stdout) == "0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			var left execResult
+			s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "ps -u user -o stat=,pgid=,ppid=,comm= | sort | uniq -c | sort -rn | head -20", "user": "root"}, &left)
+			t.Fatalf("the bomb's processes did not end (the group was SIGKILLed; pgid %d); left (count, state, pgid, ppid, command):\n%s", bg.PID, left.Stdout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 
 	// Root at its task limit (the agent forks as root, so every command
 	// counts there first): a command finds no room, a 503 that says why (it

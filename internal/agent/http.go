@@ -165,7 +165,7 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 	a.mu.Unlock()
 	if req.SandboxID != "" {
 		// The identity (not a restored pool sandbox's clock and entropy).
-		a.settlePrestarted(req.Env, req.KeepPrestarted)
+		a.settleIdentity(req.Env, req.KeepPrestarted)
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

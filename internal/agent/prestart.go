@@ -25,19 +25,25 @@ import (
 // take its line, or to exit once killed.
 const prestartWait = 2 * time.Second
 
-// settlePrestarted handles the processes started with InitStdin since the
-// last Init, for an Init that set env; keep says which way.
-func (a *Agent) settlePrestarted(env map[string]string, keep bool) {
+// settleIdentity gives the processes that follow the identity the env of
+// an Init that gave one: those started with InitStdin since the last such
+// Init are kept (they get the line) or killed, as keep says; those that
+// follow every Init (FollowInit, or kept before: the kernels a fork's
+// child or a sandbox made from a checkpoint holds) get the line.
+func (a *Agent) settleIdentity(env map[string]string, keep bool) {
 	a.mu.Lock()
-	var pending []*process
+	var pending, following []*process
 	for _, p := range a.procs {
-		if p.initStdin {
+		switch {
+		case p.initStdin:
 			p.initStdin = false
 			pending = append(pending, p)
+		case p.followInit:
+			following = append(following, p)
 		}
 	}
 	a.mu.Unlock()
-	if len(pending) == 0 {
+	if len(pending)+len(following) == 0 {
 		return
 	}
 	var line agentproto.InitLine
@@ -47,12 +53,29 @@ func (a *Agent) settlePrestarted(env map[string]string, keep bool) {
 	}
 	b, _ := json.Marshal(line)
 	b = append(b, '\n')
+	for _, p := range following {
+		if !p.snapshot().Running {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), prestartWait)
+		err := p.writeStdin(ctx, bytes.NewReader(b), false)
+		cancel()
+		if err != nil {
+			// It would run on with the env (and placeholders) of the
+			// sandbox it was copied from.
+			a.log.Warn("process following the identity did not take it; killing it", "pid", p.pid, "err", err)
+			_ = unix.Kill(-p.pid, unix.SIGKILL)
+		}
+	}
 	for _, p := range pending {
 		if keep && p.snapshot().Running {
 			ctx, cancel := context.WithTimeout(context.Background(), prestartWait)
 			err := p.writeStdin(ctx, bytes.NewReader(b), false)
 			cancel()
 			if err == nil {
+				a.mu.Lock()
+				p.followInit = true
+				a.mu.Unlock()
 				continue
 			}
 			// It cannot take the owner's environment: it must not run on

@@ -65,6 +65,9 @@ type process struct {
 	initStdin bool
 	// initDiscard: StartRequest.InitDiscard, removed if that Init kills it.
 	initDiscard []string
+	// followInit: every later identity's env goes to its stdin
+	// (StartRequest.FollowInit, or a kept initStdin process; Agent.mu).
+	followInit bool
 }
 
 func (p *process) snapshot() agentproto.Process {
@@ -83,6 +86,9 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 	}
 	if req.InitStdin && (!req.Stdin || req.PTY != nil) {
 		return nil, nil, errdefs.InvalidArgument("init_stdin needs an open stdin (stdin: true) and no PTY")
+	}
+	if req.FollowInit && (!req.Stdin || req.PTY != nil) {
+		return nil, nil, errdefs.InvalidArgument("follow_init needs an open stdin (stdin: true) and no PTY")
 	}
 	if len(req.InitDiscard) > 0 && !req.InitStdin {
 		return nil, nil, errdefs.InvalidArgument("init_discard needs init_stdin")
@@ -130,7 +136,7 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 		}
 	}
 
-	p := &process{log: newEventLog(a.opts.MaxOutput), done: make(chan struct{}), initStdin: req.InitStdin, initDiscard: req.InitDiscard}
+	p := &process{log: newEventLog(a.opts.MaxOutput), done: make(chan struct{}), initStdin: req.InitStdin, initDiscard: req.InitDiscard, followInit: req.FollowInit}
 	var sub *subscriber
 	if follow {
 		sub = p.log.subscribe(1)
@@ -533,8 +539,29 @@ func (p *process) signal(sig string) error {
 		}
 		return errdefs.Newf(classOf(err), "signal %d: %v", p.pid, err)
 	}
+	if s == unix.SIGKILL {
+		go killGroupUntilGone(p.pid)
+	}
 	return nil
 }
+
+// killGroupUntilGone sends SIGKILL to process group pgid again until it
+// has no member left (at most groupKillFor): gVisor's group kill is not
+// atomic with the group's forks, and a fork bomb's child made while the
+// signal went round survived it and started the bomb again.
+func killGroupUntilGone(pgid int) {
+	deadline := time.Now().Add(groupKillFor)
+	for time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		if unix.Kill(-pgid, unix.SIGKILL) == unix.ESRCH {
+			return
+		}
+	}
+}
+
+// groupKillFor bounds killGroupUntilGone (zombies count as members until
+// reaped, which the agent does at once).
+const groupKillFor = 10 * time.Second
 
 func parseSignal(s string) (unix.Signal, error) {
 	s = strings.ToUpper(strings.TrimSpace(s))

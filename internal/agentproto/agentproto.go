@@ -27,7 +27,7 @@ import (
 // 6: StartRequest.InitStdin and InitRequest.KeepPrestarted (a warm pool's
 // prestarted processes).
 // 7: StartRequest.InitDiscard (what a prestarted process leaves behind,
-// removed when the claim does not keep it).
+// removed when the claim does not keep it) and StartRequest.FollowInit.
 const Version = "7"
 
 // Paths served by the agent.
@@ -211,6 +211,14 @@ type StartRequest struct {
 	// kills it removes them too, so an owner who did not keep it finds
 	// nothing of it on disk either.
 	InitDiscard []string `json:"init_discard,omitempty"`
+	// FollowInit marks a process that applies the identity's environment
+	// to itself (the code interpreter's kernels): every later Init that
+	// gives an identity (a fork's child, a sandbox made from a checkpoint)
+	// writes its Env to the process's stdin as one InitLine (Stdin must
+	// be set), so the copy in the child runs with the child's env and
+	// secret placeholders, not its parent's. A kept InitStdin process
+	// follows later Inits too.
+	FollowInit bool `json:"follow_init,omitempty"`
 }
 
 // PTYSize is a terminal size.

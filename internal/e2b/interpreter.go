@@ -249,7 +249,10 @@ func (h *Handler) startKernel(ctx context.Context, t envdTarget, c *codeContext)
 	if _, err := h.svc.WriteFile(ctx, t.caller, t.id, file, bytes.NewReader(src)); err != nil {
 		return err
 	}
-	pid, err := h.svc.Exec(ctx, t.caller, t.id, sandbox.ExecRequest{Cmd: argv, Cwd: c.Cwd, OpenStdin: true, Background: true, Tag: kernelTag(c)})
+	// A copy of the kernel (in a fork's child, a sandbox made from a
+	// checkpoint) gets the copy's env at its identity, as later cells'
+	// processes do.
+	pid, err := h.svc.Exec(ctx, t.caller, t.id, sandbox.ExecRequest{Cmd: argv, Cwd: c.Cwd, OpenStdin: true, Background: true, Tag: kernelTag(c), FollowIdentity: true})
 	if err != nil {
 		return err
 	}

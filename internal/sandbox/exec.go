@@ -32,6 +32,10 @@ type ExecRequest struct {
 	// so it outlives the server (the E2B facade's process tags and code
 	// contexts are found by it after a restart or in a fork).
 	Tag string
+	// FollowIdentity: the process applies the sandbox's env to itself
+	// when a copy of it gets a new identity (agentproto.StartRequest.
+	// FollowInit; needs OpenStdin). Not part of the API.
+	FollowIdentity bool
 }
 
 // validUser checks a user name a request runs or writes as ("" is the
@@ -146,7 +150,7 @@ func (r ExecRequest) agentRequest() agentproto.StartRequest {
 	return agentproto.StartRequest{
 		Cmd: r.Cmd, Shell: r.Shell, Env: r.Env, Cwd: r.Cwd, User: r.User,
 		Stdin: r.OpenStdin || r.PTY != nil, StdinData: r.Stdin,
-		TimeoutMS: int64(r.TimeoutS) * 1000, PTY: r.PTY, Tag: r.Tag,
+		TimeoutMS: int64(r.TimeoutS) * 1000, PTY: r.PTY, Tag: r.Tag, FollowInit: r.FollowIdentity,
 	}
 }
 

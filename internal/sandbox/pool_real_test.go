@@ -402,6 +402,64 @@ func TestPoolDropsDeadWarm(t *testing.T) {
 	}
 }
 
+// TestForkFollowsIdentity: a process started to follow the identity (the
+// E2B kernels) is given, in a fork's child, the child's identity on its
+// stdin (so its copy runs with the child's env and placeholders); the
+// parent's own process gets nothing more, and a process that does not
+// follow gets nothing.
+func TestForkFollowsIdentity(t *testing.T) {
+	ctx := context.Background()
+	svc, _, _ := realService(t)
+	c := Caller{Team: "t"}
+	sb, err := svc.Create(ctx, c, CreateRequest{Env: map[string]string{"TENANT": "alpha"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo := []string{"/bin/sh", "-c", `while read l; do echo "got $l"; done`}
+	follower, err := svc.Exec(ctx, c, sb.ID, ExecRequest{Cmd: echo, OpenStdin: true, Background: true, FollowIdentity: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := svc.Exec(ctx, c, sb.ID, ExecRequest{Cmd: echo, OpenStdin: true, Background: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kids, err := svc.Fork(ctx, c, sb.ID, 1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// stdout reads what a process printed so far.
+	stdout := func(id string, pid int) string {
+		t.Helper()
+		evs, err := svc.Events(ctx, c, id, pid, 1, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer evs.Close()
+		var out []byte
+		for {
+			ev, err := evs.Next()
+			if err != nil {
+				return string(out)
+			}
+			if ev.Type == agentproto.EventStdout {
+				out = append(out, ev.Data...)
+			}
+		}
+	}
+	child := kids[0].ID
+	want := `got {"init":{"env":{"TENANT":"alpha"}}}`
+	waitUntil(t, "the child's identity on the following process's stdin", func() bool {
+		return strings.Contains(stdout(child, follower), want)
+	})
+	if out := stdout(child, other); out != "" {
+		t.Errorf("child: a process not following the identity was written to: %q", out)
+	}
+	if out := stdout(sb.ID, follower); out != "" {
+		t.Errorf("parent: the following process got %q; the parent's identity did not change", out)
+	}
+}
+
 // TestPoolPrestart: a pool starts its Prestart process in each warm
 // sandbox, with its file written, and lets the sandbox join once the
 // process said it is ready. A create that keeps it finds the same process

@@ -56,9 +56,10 @@ func listed(t *testing.T, c *agentclient.Client, pid int) bool {
 
 // The claim's Init settles what a pool started before it (the agent's
 // side of Prestart): kept, a process reads the owner's environment as one
-// line on its stdin, once (a later Init, as a fork's child gets, sends
-// nothing); not kept, it is killed and no longer listed. A process
-// started without InitStdin is left alone either way.
+// line on its stdin, and so it does at every later identity (a fork's
+// child gets one), as a process started with FollowInit does; not kept, it
+// is killed and no longer listed. A process started without either is
+// left alone.
 func TestPrestartedSettledAtInit(t *testing.T) {
 	ctx := context.Background()
 	script := `read a; echo "first $a"; read b; echo "second $b"`
@@ -87,6 +88,10 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 	kept := hostAgent(t)
 	keptDir := made()
 	pre, other := start(kept, true, keptDir), start(kept, false)
+	follower, err := kept.Start(ctx, agentproto.StartRequest{Cmd: []string{"/bin/sh", "-c", script}, Stdin: true, FollowInit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	env := map[string]string{"TENANT": "alpha"}
 	// An Init without an identity (a pool sandbox restored from its
 	// image gets one with the clock and entropy) settles nothing.
@@ -96,16 +101,20 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 	if err := kept.Init(ctx, agentproto.InitRequest{SandboxID: "sb-1", Env: env, KeepPrestarted: true}); err != nil {
 		t.Fatal(err)
 	}
-	// A second Init (a fork's child gets one) sends nothing more.
-	if err := kept.Init(ctx, agentproto.InitRequest{SandboxID: "sb-2", Env: env, KeepPrestarted: true}); err != nil {
+	// A second identity (a fork's child gets one) reaches the kept
+	// process too: the copy runs with the child's env.
+	if err := kept.Init(ctx, agentproto.InitRequest{SandboxID: "sb-2", Env: map[string]string{"TENANT": "beta"}}); err != nil {
 		t.Fatal(err)
 	}
-	for _, pid := range []int{pre, other} {
+	for _, pid := range []int{pre, other, follower} {
 		if err := kept.Stdin(ctx, pid, strings.NewReader(""), true); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got, want := output(t, kept, pre), "first {\"init\":{\"env\":{\"TENANT\":\"alpha\"}}}\nsecond \n"; got != want {
+	if got, want := output(t, kept, follower), "first {\"init\":{\"env\":{\"TENANT\":\"alpha\"}}}\nsecond {\"init\":{\"env\":{\"TENANT\":\"beta\"}}}\n"; got != want {
+		t.Errorf("a follow_init process printed %q, want %q", got, want)
+	}
+	if got, want := output(t, kept, pre), "first {\"init\":{\"env\":{\"TENANT\":\"alpha\"}}}\nsecond {\"init\":{\"env\":{\"TENANT\":\"beta\"}}}\n"; got != want {
 		t.Errorf("kept prestarted process printed %q, want %q", got, want)
 	}
 	if got := output(t, kept, other); got != "first \nsecond \n" {
@@ -143,10 +152,11 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 		t.Errorf("the other process printed %q", got)
 	}
 
-	// init_stdin needs a stdin to write to; init_discard needs
-	// init_stdin and clean absolute paths.
+	// init_stdin and follow_init need a stdin to write to; init_discard
+	// needs init_stdin and clean absolute paths.
 	for _, req := range []agentproto.StartRequest{
 		{Cmd: []string{"true"}, InitStdin: true},
+		{Cmd: []string{"true"}, FollowInit: true},
 		{Cmd: []string{"true"}, InitDiscard: []string{droppedDir}},
 		{Cmd: []string{"true"}, Stdin: true, InitStdin: true, InitDiscard: []string{"/"}},
 		{Cmd: []string{"true"}, Stdin: true, InitStdin: true, InitDiscard: []string{"tmp/x"}},
