@@ -435,17 +435,7 @@ func TestForkFollowsIdentity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer evs.Close()
-		var out []byte
-		for {
-			ev, err := evs.Next()
-			if err != nil {
-				return string(out)
-			}
-			if ev.Type == agentproto.EventStdout {
-				out = append(out, ev.Data...)
-			}
-		}
+		return stdoutOf(evs)
 	}
 	child := kids[0].ID
 	want := `got {"init":{"env":{"TENANT":"alpha"}}}`

@@ -30,8 +30,12 @@ func output(t *testing.T, c *agentclient.Client, pid int) string {
 	return stdoutOf(ev)
 }
 
-// stdoutOf reads an event stream to its end (and closes it): the stdout.
-func stdoutOf(ev *agentclient.EventStream) string {
+// stdoutOf reads an event stream (the agent's or the service's) to its
+// end and closes it: the stdout.
+func stdoutOf(ev interface {
+	Next() (agentproto.Event, error)
+	Close() error
+}) string {
 	defer ev.Close()
 	var out []byte
 	for {
@@ -106,10 +110,10 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 	if err := kept.Init(ctx, agentproto.InitRequest{SandboxID: "sb-2", Env: map[string]string{"TENANT": "beta"}}); err != nil {
 		t.Fatal(err)
 	}
-	for _, pid := range []int{pre, other, follower} {
-		if err := kept.Stdin(ctx, pid, strings.NewReader(""), true); err != nil {
-			t.Fatal(err)
-		}
+	// pre and follower read their two lines and exit; other reads none
+	// and needs its end of input.
+	if err := kept.Stdin(ctx, other, strings.NewReader(""), true); err != nil {
+		t.Fatal(err)
 	}
 	if got, want := output(t, kept, follower), "first {\"init\":{\"env\":{\"TENANT\":\"alpha\"}}}\nsecond {\"init\":{\"env\":{\"TENANT\":\"beta\"}}}\n"; got != want {
 		t.Errorf("a follow_init process printed %q, want %q", got, want)
