@@ -53,14 +53,16 @@ func (a *Agent) settleIdentity(env map[string]string, keep bool) {
 	}
 	b, _ := json.Marshal(line)
 	b = append(b, '\n')
+	give := func(p *process) error {
+		ctx, cancel := context.WithTimeout(context.Background(), prestartWait)
+		defer cancel()
+		return p.writeStdin(ctx, bytes.NewReader(b), false)
+	}
 	for _, p := range following {
 		if !p.snapshot().Running {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), prestartWait)
-		err := p.writeStdin(ctx, bytes.NewReader(b), false)
-		cancel()
-		if err != nil {
+		if err := give(p); err != nil {
 			// It would run on with the env (and placeholders) of the
 			// sandbox it was copied from.
 			a.log.Warn("process following the identity did not take it; killing it", "pid", p.pid, "err", err)
@@ -69,9 +71,7 @@ func (a *Agent) settleIdentity(env map[string]string, keep bool) {
 	}
 	for _, p := range pending {
 		if keep && p.snapshot().Running {
-			ctx, cancel := context.WithTimeout(context.Background(), prestartWait)
-			err := p.writeStdin(ctx, bytes.NewReader(b), false)
-			cancel()
+			err := give(p)
 			if err == nil {
 				a.mu.Lock()
 				p.followInit = true

@@ -756,7 +756,7 @@ func startupEnv(env map[string]string) bool {
 		case "TZ", "LANG", "LANGUAGE", "HOME", "TMPDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "MPLCONFIGDIR":
 			return true
 		}
-		for _, prefix := range []string{"PYTHON", "LD_", "LC_", "OMP_", "OPENBLAS_", "MKL_", "NUMEXPR_", "GOTO_"} {
+		for _, prefix := range startupEnvPrefixes {
 			if strings.HasPrefix(k, prefix) {
 				return true
 			}
@@ -764,3 +764,5 @@ func startupEnv(env map[string]string) bool {
 	}
 	return false
 }
+
+var startupEnvPrefixes = []string{"PYTHON", "LD_", "LC_", "OMP_", "OPENBLAS_", "MKL_", "NUMEXPR_", "GOTO_"}

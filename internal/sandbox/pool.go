@@ -760,7 +760,9 @@ func (s *Service) confirmIdentity(sb store.Sandbox, l *live) {
 	defer cancel()
 	var info agentproto.Info
 	var err error
-	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+	delay := 100 * time.Millisecond
+ask:
+	for {
 		actx, acancel := context.WithTimeout(ctx, 20*time.Second)
 		info, err = l.agent.Info(actx)
 		acancel()
@@ -769,10 +771,10 @@ func (s *Service) confirmIdentity(sb store.Sandbox, l *live) {
 		}
 		select {
 		case <-ctx.Done():
+			break ask
 		case <-time.After(delay):
-			continue
+			delay = min(2*delay, 5*time.Second)
 		}
-		break
 	}
 	if err != nil {
 		l.initErr = fmt.Errorf("sandbox %s: its agent did not answer since the server restarted, so its identity is not confirmed: %v: %w", sb.ID, err, errdefs.ErrUnavailable)
