@@ -258,4 +258,14 @@ func TestEgressWarmClaim(t *testing.T) {
 	if r := s.sh(plain, fmt.Sprintf(`echo "[$HTTPS_PROXY]"; curl -sS --max-time 5 https://%s/ 2>&1; echo rc=$?`, allowed)); !strings.Contains(r.Stdout, "[]") || strings.Contains(r.Stdout, "host=") {
 		t.Errorf("a warm sandbox claimed without a policy has network: %+v", r)
 	}
+
+	// A sandbox with a policy made from a files snapshot of one without:
+	// the snapshot's trust store (without this sandbox's CA) and its
+	// missing Node preload are not restored over what the agent set up
+	// (curl failed on the proxy's certificate, node did not start).
+	snap := s.snapshot(plain, "files", "")
+	fromSnap := s.create(map[string]any{"snapshot": snap.ID, "network": map[string]any{"allow": []string{allowed}}, "secrets": []string{"API_TOKEN"}})
+	if r := s.sh(fromSnap, fmt.Sprintf(`curl -sS -H "Authorization: Bearer $API_TOKEN" https://%s/restored && node -e 'console.log("node ok")'`, allowed)); r.ExitCode != 0 || !strings.Contains(r.Stdout, "auth=valid") || !strings.Contains(r.Stdout, "node ok") {
+		t.Errorf("egress in a sandbox made from a files snapshot: %+v", r)
+	}
 }

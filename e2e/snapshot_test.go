@@ -622,6 +622,35 @@ func TestRestoreThroughLink(t *testing.T) {
 	}
 }
 
+// TestRestoreRemovesNotThroughLink: the snapshot has a link (~/d, to a
+// root-owned directory) where the sandbox now has a directory with a file
+// of the same name as one in the link's target. A restore puts the link
+// back and must not then send the removal of ~/d/keep through it: it did,
+// and removed /srv/victim/keep as root.
+func TestRestoreRemovesNotThroughLink(t *testing.T) {
+	s := sharedServer(t)
+	id := s.create(nil)
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	var r execResult
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/exec", s.key, map[string]any{"cmd": "mkdir -p /srv/victim && echo ROOT > /srv/victim/keep", "user": "root"}, &r); code != 200 || r.ExitCode != 0 {
+		t.Fatalf("prepare as root: %d %+v", code, r)
+	}
+	if r := s.sh(id, "ln -s /srv/victim ~/d"); r.ExitCode != 0 {
+		t.Fatalf("link: %+v", r)
+	}
+	snap := s.snapshot(id, "files", "")
+	if r := s.sh(id, "rm ~/d && mkdir ~/d && touch ~/d/keep"); r.ExitCode != 0 {
+		t.Fatalf("replace the link: %+v", r)
+	}
+	var res struct{ Written, Removed []string }
+	if code := s.do("POST", "/v1/sandboxes/"+id+"/restore", s.key, map[string]any{"snapshot": snap.ID, "paths": []string{"/home/user"}}, &res); code != 200 {
+		t.Fatalf("restore: %d %+v", code, res)
+	}
+	if r := s.sh(id, "readlink ~/d; cat /srv/victim/keep"); r.Stdout != "/srv/victim\nROOT\n" {
+		t.Errorf("after the restore: %q (written %v, removed %v)", r.Stdout, res.Written, res.Removed)
+	}
+}
+
 // TestTemplateIndexedInBackground: the first snapshot on a data directory
 // starts indexing its template for full views in the background (once),
 // so the first file history or restore does not wait for it.

@@ -14,8 +14,8 @@ import (
 
 // Trust store locations of Debian-based templates.
 const (
-	caBundle   = "/etc/ssl/certs/ca-certificates.crt"
-	caLocalPEM = "/usr/local/share/ca-certificates/space-egress.crt"
+	CABundle   = "/etc/ssl/certs/ca-certificates.crt"
+	CALocalPEM = "/usr/local/share/ca-certificates/space-egress.crt"
 )
 
 // NodePreload is where the agent writes nodePreloadJS. The host names it
@@ -120,16 +120,16 @@ func (a *Agent) tunnel(c net.Conn) {
 // so curl, git, pip, Python and Node (NODE_EXTRA_CA_CERTS) trust it.
 func installCA(pem []byte) error {
 	if err := os.MkdirAll("/usr/local/share/ca-certificates", 0o755); err == nil {
-		_ = os.WriteFile(caLocalPEM, pem, 0o644)
+		_ = os.WriteFile(CALocalPEM, pem, 0o644)
 	}
-	cur, err := os.ReadFile(caBundle)
+	cur, err := os.ReadFile(CABundle)
 	if err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	if bytes.Contains(cur, bytes.TrimSpace(pem)) {
 		return nil
 	}
-	f, err := os.OpenFile(caBundle, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(CABundle, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
 	if err != nil {
 		return err
 	}

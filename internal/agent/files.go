@@ -505,6 +505,14 @@ func (a *Agent) handleRemove(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.InvalidArgument("refusing to remove /"))
 		return
 	}
+	if q.Get("nofollow") == "1" {
+		if err := removeNoFollow(path, q.Get("recursive") == "1"); err != nil {
+			writeError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
 	fi, err := os.Lstat(path)
 	if err != nil {
 		writeError(w, osError(err))

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,10 +19,10 @@ import (
 // The files a restore writes come from a snapshot the sandbox's own code
 // shaped, and the agent writes them as root: a directory replaced by a
 // symbolic link (~/d → /etc) would send them anywhere. With ?nofollow=1 a
-// write or mkdir walks its path from / one component at a time, opening
-// each with O_NOFOLLOW relative to the one before, so no symbolic link on
-// the way is followed, even one swapped in while it runs; the file is
-// created and renamed relative to the last directory.
+// write, mkdir or remove walks its path from / one component at a time,
+// opening each with O_NOFOLLOW relative to the one before, so no symbolic
+// link on the way is followed, even one swapped in while it runs; the file
+// is created, renamed or unlinked relative to the last directory.
 
 // errCrossesLink is a nofollow path with a symbolic link (or a file) where
 // a directory should be.
@@ -181,4 +182,89 @@ func (a *Agent) handleSymlink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeStat(w, path)
+}
+
+// removeNoFollow removes path (absolute, clean), and with recursive what a
+// directory there holds, without following a link: not in path's
+// directories (a restore's removal of ~/d/passwd after the sandbox made ~/d
+// a link to /etc would remove /etc/passwd), not at path (the link itself
+// goes), not inside the tree.
+func removeNoFollow(path string, recursive bool) error {
+	dirfd, err := openDirNoFollow(filepath.Dir(path), false, account{})
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirfd)
+	base := filepath.Base(path)
+	fail := func(err error) error {
+		if err == nil {
+			return nil
+		}
+		return osError(&fs.PathError{Op: "remove", Path: path, Err: err})
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fail(err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return fail(unix.Unlinkat(dirfd, base, 0))
+	case !recursive:
+		return fail(unix.Unlinkat(dirfd, base, unix.AT_REMOVEDIR))
+	}
+	return fail(removeAllAt(dirfd, base))
+}
+
+// removeAllAt removes name in the directory dirfd and, if it is a
+// directory, everything in it, each entry relative to its own directory's
+// descriptor, opened with O_NOFOLLOW (a link met is unlinked, never
+// entered).
+func removeAllAt(dirfd int, name string) error {
+	err := unix.Unlinkat(dirfd, name, 0)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	// A directory: empty it, then remove it. Entries the sandbox adds
+	// meanwhile fail the rmdir; a few rounds take them too.
+	for round := 0; ; round++ {
+		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if errors.Is(err, unix.ELOOP) {
+			// It became a link since: unlink the link.
+			return unix.Unlinkat(dirfd, name, 0)
+		}
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			unix.Close(fd)
+			return unix.Unlinkat(dirfd, name, 0)
+		}
+		d := os.NewFile(uintptr(fd), name)
+		names, err := d.Readdirnames(-1)
+		if err != nil {
+			d.Close()
+			return err
+		}
+		for _, n := range names {
+			if err := removeAllAt(int(d.Fd()), n); err != nil {
+				d.Close()
+				return err
+			}
+		}
+		d.Close()
+		err = unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.ENOTEMPTY) || round == 3 {
+			return err
+		}
+	}
 }

@@ -138,9 +138,23 @@ func (c *Client) Move(ctx context.Context, from, to, user string) (agentproto.Fi
 // Remove deletes a file, or a directory tree with recursive. Errors:
 // ErrNotFound, ErrConflict (a non-empty directory without recursive).
 func (c *Client) Remove(ctx context.Context, path string, recursive bool) error {
+	return c.remove(ctx, path, recursive, false)
+}
+
+// RemoveNoFollow removes path (with recursive, a directory's tree) without
+// following a symbolic link in path's directories, at path or in the tree
+// (protocol 8).
+func (c *Client) RemoveNoFollow(ctx context.Context, path string, recursive bool) error {
+	return c.remove(ctx, path, recursive, true)
+}
+
+func (c *Client) remove(ctx context.Context, path string, recursive, nofollow bool) error {
 	q := url.Values{"path": {path}}
 	if recursive {
 		q.Set("recursive", "1")
+	}
+	if nofollow {
+		q.Set("nofollow", "1")
 	}
 	return c.call(ctx, request{method: http.MethodDelete, path: agentproto.PathFiles, query: q}, nil)
 }

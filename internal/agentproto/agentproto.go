@@ -28,7 +28,9 @@ import (
 // prestarted processes).
 // 7: StartRequest.InitDiscard (what a prestarted process leaves behind,
 // removed when the claim does not keep it) and StartRequest.FollowInit.
-const Version = "7"
+// 8: ?nofollow=1 on file removes (restores use it: a removal is not sent
+// through a symbolic link either).
+const Version = "8"
 
 // Paths served by the agent.
 const (

@@ -157,6 +157,9 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 	sb.ID, sb.Team, sb.State, sb.Reason, sb.Handle = newID(), childTeam(c, parent), StateCreating, "", nil
 	sb.CreatedAt, sb.UpdatedAt, sb.StoppedAt = now, now, nil
 	sb.Env = maps.Clone(parent.Env)
+	if sb.Env == nil {
+		sb.Env = map[string]string{}
+	}
 	sb.Metadata = maps.Clone(parent.Metadata)
 	if req.TimeoutS > 0 {
 		sb.TimeoutS = req.TimeoutS

@@ -89,16 +89,25 @@ func (s *Service) AutoSnapshotOnce(ctx context.Context) {
 		if l == nil || !l.opMu.TryLock() {
 			continue // busy with a lifecycle operation: next round
 		}
+		if s.now().Sub(l.autoTried) < interval {
+			// An export of the whole writable layer every tick of an
+			// idle sandbox would cost what the interval saves.
+			l.opMu.Unlock()
+			continue
+		}
 		sn, err := s.takeSnapshot(ctx, sb, KindFiles, "", true)
-		l.opMu.Unlock()
 		if err != nil {
+			l.autoTried = s.now()
+			l.opMu.Unlock()
 			continue
 		}
 		// Unchanged since the previous snapshot: nothing worth a point in
 		// the timeline.
 		if prev != nil && s.sameLayer(*prev, sn) {
 			_ = s.dropSnapshot(ctx, sn)
+			l.autoTried = s.now()
 		}
+		l.opMu.Unlock()
 	}
 }
 

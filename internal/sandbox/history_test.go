@@ -1,8 +1,10 @@
 package sandbox
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,8 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"archive/tar"
-
+	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/snapshot"
 	"github.com/spacesandbox/space/internal/store"
 )
@@ -205,5 +206,38 @@ func TestRecoverFailsInterruptedSnapshots(t *testing.T) {
 	}
 	if err := cs.Verify(ctx, "snap-done"); err != nil {
 		t.Errorf("finished snapshot does not verify: %v", err)
+	}
+}
+
+// TestDeleteSnapshotBeingTaken: a snapshot still being taken (listed, so
+// a client can see its id) cannot be deleted: deleting its record let the
+// take write its manifests afterwards, which nothing removed and GC kept.
+// Once it is ready the delete goes through and frees its content.
+func TestDeleteSnapshotBeingTaken(t *testing.T) {
+	ctx := context.Background()
+	st, cs, svc := historyService(t)
+	sn := store.Snapshot{ID: "snap-taking", SandboxID: "sb-test", Team: "t", Kind: KindFiles, Status: store.SnapshotCreating, CreatedAt: time.Now().UTC()}
+	if err := st.CreateSnapshot(ctx, sn); err != nil {
+		t.Fatal(err)
+	}
+	err := svc.DeleteSnapshot(ctx, Caller{Team: "t"}, sn.ID)
+	if !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("delete of a snapshot being taken: %v, want a conflict", err)
+	}
+	if _, err := st.GetSnapshot(ctx, sn.ID); err != nil {
+		t.Fatalf("the record went: %v", err)
+	}
+	// The take ends.
+	if _, err := cs.PutTar(ctx, sn.ID, bytes.NewReader(tarOf(t, 1)), snapshot.Meta{CreatedAt: sn.CreatedAt}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.FinishSnapshot(ctx, sn.ID, store.SnapshotReady, "", 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.DeleteSnapshot(ctx, Caller{Team: "t"}, sn.ID); err != nil {
+		t.Fatalf("delete of the ready snapshot: %v", err)
+	}
+	if _, err := cs.Open(sn.ID); err == nil {
+		t.Error("the deleted snapshot's manifest is still stored")
 	}
 }

@@ -2,9 +2,11 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"strconv"
 	"strings"
 
@@ -87,8 +89,11 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 	}
 	current := snapshot.Merge(base, upper)
 	selected := func(p string) bool {
+		if internalPath(p) {
+			return false
+		}
 		if len(sel) == 0 {
-			return !internalPath(p)
+			return true
 		}
 		for _, q := range sel {
 			if p == q || strings.HasPrefix(p, q+"/") {
@@ -97,21 +102,33 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 		}
 		return false
 	}
-	var removed []string
+	// gone holds the paths whose whole tree this restore removed: what
+	// the diff says about paths under them is already done, and nothing
+	// is sent through what may stand there now (a link the snapshot has
+	// where a directory is: its old children's removals would go through
+	// it). The removals do not follow links either (RemoveNoFollow).
+	gone := map[string]bool{}
+	under := func(p string) bool {
+		for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
+			if gone[d] {
+				return true
+			}
+		}
+		return false
+	}
 	for _, ch := range snapshot.Diff(current, target) {
 		if !selected(ch.Path) {
 			continue
 		}
 		abs := "/" + ch.Path
 		if ch.Kind == snapshot.Removed {
-			// Remove only the top of a removed subtree.
-			if len(removed) > 0 && strings.HasPrefix(ch.Path, removed[len(removed)-1]+"/") {
+			if under(ch.Path) {
 				continue
 			}
-			if err := l.agent.Remove(ctx, abs, true); err != nil && !isNotFound(err) {
+			if err := l.agent.RemoveNoFollow(ctx, abs, true); err != nil && !isNotFound(err) {
 				return res, fmt.Errorf("remove %s: %w", abs, err)
 			}
-			removed = append(removed, ch.Path)
+			gone[ch.Path] = true
 			res.Removed = append(res.Removed, abs)
 			continue
 		}
@@ -119,9 +136,10 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 		if cur, ok := current.Lookup(ch.Path); ok && kindOf(cur.Type) != kindOf(e.Type) {
 			// A link where the snapshot has a directory (or any other
 			// change of kind) goes first: nothing is written through it.
-			if err := l.agent.Remove(ctx, abs, true); err != nil && !isNotFound(err) {
+			if err := l.agent.RemoveNoFollow(ctx, abs, true); err != nil && !isNotFound(err) {
 				return res, fmt.Errorf("replace %s: %w", abs, err)
 			}
+			gone[ch.Path] = true
 		}
 		if err := s.writeEntry(ctx, l.agent, target, e); err != nil {
 			return res, fmt.Errorf("restore %s: %w", abs, err)
@@ -141,10 +159,21 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 	return res, nil
 }
 
-// internalPath is what a whole-filesystem restore leaves alone: the
-// kernel's and the platform's own trees.
+// caBundle and caLocalPEM are agent.CABundle and agent.CALocalPEM (the
+// agent package is guest-side and not imported here).
+const (
+	caBundle   = "/etc/ssl/certs/ca-certificates.crt"
+	caLocalPEM = "/usr/local/share/ca-certificates/space-egress.crt"
+)
+
+// internalPath is what a restore leaves alone: the kernel's and the
+// platform's own trees, and what the agent installs for the sandbox's
+// egress (its CA in the trust store, Node's preload): the snapshot's are
+// another sandbox's, or none, and a sandbox made from a snapshot would
+// stop trusting its own proxy, or fail to start node at all.
 func internalPath(p string) bool {
-	for _, pre := range []string{"proc", "sys", "dev", ".space", "tmp/.X11-unix"} {
+	for _, pre := range []string{"proc", "sys", "dev", ".space", "tmp/.X11-unix",
+		strings.TrimPrefix(caBundle, "/"), strings.TrimPrefix(caLocalPEM, "/"), strings.TrimPrefix(path.Dir(nodePreload), "/")} {
 		if p == pre || strings.HasPrefix(p, pre+"/") {
 			return true
 		}
@@ -160,7 +189,7 @@ type agentFiles interface {
 	WriteFileNoFollow(ctx context.Context, path string, r io.Reader, mode os.FileMode, user string) (agentproto.FileInfo, error)
 	MkdirNoFollow(ctx context.Context, path, user string) (agentproto.FileInfo, error)
 	Symlink(ctx context.Context, path, target, user string) (agentproto.FileInfo, error)
-	Remove(ctx context.Context, path string, recursive bool) error
+	RemoveNoFollow(ctx context.Context, path string, recursive bool) error
 }
 
 // writeEntry recreates one snapshot entry in the sandbox through the agent.
@@ -190,9 +219,9 @@ func (s *Service) writeEntry(ctx context.Context, a agentFiles, m *snapshot.Mani
 	}
 }
 
-// restoreVersion is the first agent protocol whose file writes can refuse
-// to follow links (agentproto.Version 4).
-const restoreVersion = 4
+// restoreVersion is the first agent protocol whose file writes and
+// removals can refuse to follow links (agentproto.Version 8).
+const restoreVersion = 8
 
 // checkRestoreAgent refuses a restore on a sandbox whose agent (it keeps
 // the one it started with) would follow links planted in its tree.
@@ -224,11 +253,13 @@ func (s *Service) createFromSnapshot(ctx context.Context, c Caller, req CreateRe
 		}
 		defer os.RemoveAll(image)
 		parent, err := s.store.GetSandbox(ctx, sn.SandboxID)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			// The original sandbox record is gone: rebuild its machine
+			// from the checkpoint.
+			parent, err = s.checkpointParent(sn)
+		}
 		if err != nil {
-			// The original sandbox record is gone: rebuild its shape
-			// from the snapshot.
-			parent = store.Sandbox{ID: sn.SandboxID, Team: sn.Team, Template: sn.Template, TemplateDigest: sn.TemplateDigest,
-				Driver: s.cfg.DefaultDriver, CPU: 1, MemoryMB: 512, TimeoutS: int(s.cfg.DefaultTimeout.Seconds()), OnTimeout: "kill"}
+			return store.Sandbox{}, err
 		}
 		if req.CPU > 0 || req.MemoryMB > 0 {
 			return store.Sandbox{}, errdefs.InvalidArgument("cpu and memory_mb cannot change when restoring a checkpoint")

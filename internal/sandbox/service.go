@@ -161,6 +161,11 @@ type live struct {
 	// conns counts the connections to the sandbox's ports open through
 	// the agent (preview traffic): at most maxPortConns.
 	conns atomic.Int32
+	// autoTried is when the rolling history last tried an automatic
+	// snapshot that left no point (the files were unchanged, or it
+	// failed); the next try waits a whole interval from then
+	// (AutoSnapshotOnce; guarded by opMu).
+	autoTried time.Time
 }
 
 // hurry asks for the identity now.

@@ -3,11 +3,14 @@ package sandbox
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -171,6 +174,8 @@ func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name
 			return fail(fmt.Errorf("checkpoint: %v: %w", err, errdefs.ErrUnavailable))
 		}
 		meta.Kind = snapshot.KindCheckpoint
+		meta.Labels = maps.Clone(meta.Labels)
+		maps.Copy(meta.Labels, machineLabels(sb))
 		cm, err := s.snaps.Store.PutDir(ctx, rec.ID, dir, meta)
 		if err != nil {
 			return fail(fmt.Errorf("store checkpoint image: %w", err))
@@ -179,7 +184,9 @@ func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name
 		bytesTotal += cm.BytesTotal
 	}
 	if err := s.store.FinishSnapshot(ctx, rec.ID, store.SnapshotReady, "", bytesNew, bytesTotal); err != nil {
-		return rec, err
+		// Its manifests must not outlive the record: nothing else would
+		// ever remove them, and GC keeps every chunk they name.
+		return fail(fmt.Errorf("record snapshot: %w", err))
 	}
 	rec.Status, rec.BytesNew, rec.BytesTotal = store.SnapshotReady, bytesNew, bytesTotal
 	if canExport { // a snapshot with a file-level view
@@ -245,6 +252,11 @@ func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, sid string) erro
 	sn, err := s.GetSnapshot(ctx, c, sid)
 	if err != nil {
 		return err
+	}
+	if sn.Status == store.SnapshotCreating {
+		// Its manifests are not written yet: deleting the record now
+		// would leave them on disk, unaccounted, for good.
+		return errdefs.Conflict("snapshot %s is still being taken; delete it once it is ready or failed", sid)
 	}
 	return s.dropSnapshot(ctx, sn)
 }
@@ -412,4 +424,54 @@ func (s *Service) VerifySnapshot(ctx context.Context, c Caller, sid string) erro
 		}
 	}
 	return nil
+}
+
+// machineLabels are what a checkpoint's manifest records of its sandbox's
+// machine, so that it restores as that machine after the sandbox's record
+// is gone (stopped records go after a day, checkpoints live for a week):
+// a VM driver restores the checkpoint's own machine whatever it is told,
+// so a guessed shape would admit a 16 GiB VM as 512 MiB.
+func machineLabels(sb store.Sandbox) map[string]string {
+	l := map[string]string{
+		labelDriver:   sb.Driver,
+		labelCPU:      strconv.Itoa(sb.CPU),
+		labelMemoryMB: strconv.Itoa(sb.MemoryMB),
+	}
+	if len(sb.Env) > 0 {
+		b, _ := json.Marshal(sb.Env)
+		l[labelEnv] = string(b)
+	}
+	return l
+}
+
+const (
+	labelDriver   = "driver"
+	labelCPU      = "cpu"
+	labelMemoryMB = "memory_mb"
+	labelEnv      = "env"
+)
+
+// checkpointParent rebuilds the sandbox a checkpoint was taken of from
+// its manifest's machine labels, when that sandbox's record is gone.
+func (s *Service) checkpointParent(sn store.Snapshot) (store.Sandbox, error) {
+	m, err := s.snaps.Store.Open(sn.ID)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	l := m.Labels
+	cpu, cerr := strconv.Atoi(l[labelCPU])
+	mem, merr := strconv.Atoi(l[labelMemoryMB])
+	if l[labelDriver] == "" || cerr != nil || merr != nil || cpu <= 0 || mem <= 0 {
+		// Taken by a server before the labels: its machine is unknown.
+		return store.Sandbox{}, errdefs.Unavailable("checkpoint %s does not record its machine and its sandbox %s is gone; it cannot be restored", sn.ID, sn.SandboxID)
+	}
+	parent := store.Sandbox{ID: sn.SandboxID, Team: sn.Team, Template: sn.Template, TemplateDigest: sn.TemplateDigest,
+		Driver: l[labelDriver], CPU: cpu, MemoryMB: mem, Env: map[string]string{},
+		TimeoutS: int(s.cfg.DefaultTimeout.Seconds()), OnTimeout: "kill"}
+	if e := l[labelEnv]; e != "" {
+		if err := json.Unmarshal([]byte(e), &parent.Env); err != nil {
+			return store.Sandbox{}, fmt.Errorf("checkpoint %s: env label: %w", sn.ID, err)
+		}
+	}
+	return parent, nil
 }
