@@ -118,6 +118,7 @@ func (s *Service) materialize(ctx context.Context, c Caller, sid string) (string
 	if s.snaps == nil {
 		return "", store.Snapshot{}, errdefs.NotSupported("snapshots are not enabled on this server")
 	}
+	defer s.pinSnapshot(sid)()
 	sn, err := s.readySnapshot(ctx, c, sid)
 	if err != nil {
 		return "", sn, err

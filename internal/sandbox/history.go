@@ -156,9 +156,15 @@ func (s *Service) RetainOnce(ctx context.Context) {
 			byID[sn.ID] = sn
 		}
 		policy := s.snaps.Retention
-		if sb, err := s.store.GetSandbox(ctx, snaps[0].SandboxID); err == nil && sb.RetentionDays > 0 {
+		// The sandbox's retention_days, or once its record is gone (a day
+		// after it stopped) what its newest snapshot recorded of it.
+		days := snaps[len(snaps)-1].RetentionDays
+		if sb, err := s.store.GetSandbox(ctx, snaps[0].SandboxID); err == nil {
+			days = sb.RetentionDays
+		}
+		if days > 0 {
 			// A sandbox may keep less history than the server, never more.
-			if d := time.Duration(sb.RetentionDays) * 24 * time.Hour; policy.Daily == 0 || d < policy.Daily {
+			if d := time.Duration(days) * 24 * time.Hour; policy.Daily == 0 || d < policy.Daily {
 				policy.Daily, policy.NamedMaxAge = d, d
 				if policy.Hourly > d {
 					policy.Hourly = d

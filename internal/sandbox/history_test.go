@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -139,7 +140,8 @@ func TestRetention(t *testing.T) {
 }
 
 // TestRetentionPerSandbox: a sandbox that asks for one day of history keeps
-// nothing older, while the server keeps a week for others.
+// nothing older, while the server keeps a week for others; so does one
+// whose record is gone (its snapshots recorded the day: it kept a week).
 func TestRetentionPerSandbox(t *testing.T) {
 	ctx := context.Background()
 	st, cs, svc := historyService(t)
@@ -150,9 +152,13 @@ func TestRetentionPerSandbox(t *testing.T) {
 	}
 	for i := 0; i < 5; i++ {
 		at := now.Add(-time.Duration(i) * 24 * time.Hour)
-		for _, sbID := range []string{"sb-short", "sb-long"} {
+		for _, sbID := range []string{"sb-short", "sb-long", "sb-gone"} {
 			id := fmt.Sprintf("snap-%s-%d", sbID, i)
-			if err := st.CreateSnapshot(ctx, store.Snapshot{ID: id, SandboxID: sbID, Team: "t", Kind: KindFiles, Status: store.SnapshotReady, CreatedAt: at}); err != nil {
+			days := 0
+			if sbID != "sb-long" {
+				days = 1
+			}
+			if err := st.CreateSnapshot(ctx, store.Snapshot{ID: id, SandboxID: sbID, Team: "t", Kind: KindFiles, Status: store.SnapshotReady, CreatedAt: at, RetentionDays: days}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := cs.PutTar(ctx, id, bytes.NewReader(tarOf(t, i)), snapshot.Meta{CreatedAt: at}); err != nil {
@@ -163,6 +169,10 @@ func TestRetentionPerSandbox(t *testing.T) {
 	svc.RetainOnce(ctx)
 	short, _ := st.ListSnapshots(ctx, "sb-short", "")
 	long, _ := st.ListSnapshots(ctx, "sb-long", "")
+	gone, _ := st.ListSnapshots(ctx, "sb-gone", "")
+	if len(gone) != len(short) {
+		t.Errorf("kept %d of a 1-day sandbox whose record is gone, want %d as for one whose record is there", len(gone), len(short))
+	}
 	for _, sn := range short {
 		if now.Sub(sn.CreatedAt) > 24*time.Hour {
 			t.Errorf("sb-short kept %s from %v ago", sn.ID, now.Sub(sn.CreatedAt))
@@ -239,5 +249,54 @@ func TestDeleteSnapshotBeingTaken(t *testing.T) {
 	}
 	if _, err := cs.Open(sn.ID); err == nil {
 		t.Error("the deleted snapshot's manifest is still stored")
+	}
+}
+
+// TestSnapshotPinnedWhileRead: a snapshot whose content an operation is
+// reading (here a file download, open until its reader is closed) is not
+// dropped, by a delete or by retention, so GC keeps its chunks; once the
+// read ends it goes as before.
+func TestSnapshotPinnedWhileRead(t *testing.T) {
+	ctx := context.Background()
+	st, cs, svc := historyService(t)
+	tplDir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(tplDir, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutTemplate(ctx, store.Template{Name: "base", Digest: "d1", Path: tplDir, Status: store.TemplateReady}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	sn := store.Snapshot{ID: "snap-read", SandboxID: "sb-test", Team: "t", Kind: KindFiles, Template: "base", TemplateDigest: "d1", Status: store.SnapshotReady, CreatedAt: now}
+	if err := st.CreateSnapshot(ctx, sn); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.PutTar(ctx, sn.ID, bytes.NewReader(tarOf(t, 7)), snapshot.Meta{CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := svc.ReadSnapshotPath(ctx, Caller{Team: "t"}, sn.ID, "/home/user/f.txt")
+	if err != nil || f.Content == nil {
+		t.Fatalf("read a file of the snapshot: %+v %v", f, err)
+	}
+	if err := svc.DeleteSnapshot(ctx, Caller{Team: "t"}, sn.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("delete while the file is read: %v, want a conflict", err)
+	}
+	if err := svc.dropSnapshot(ctx, sn); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("retention's drop while the file is read: %v, want a conflict", err)
+	}
+	if _, err := cs.GC(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(f.Content)
+	if err != nil || !bytes.Contains(got, []byte("content of snapshot 7")) {
+		t.Errorf("the file read after a GC: %d bytes, %v", len(got), err)
+	}
+	f.Content.Close()
+	f.Content.Close() // a second close releases nothing more
+	if err := svc.DeleteSnapshot(ctx, Caller{Team: "t"}, sn.ID); err != nil {
+		t.Fatalf("delete once the read ended: %v", err)
+	}
+	if len(svc.pins) != 0 {
+		t.Errorf("pins left: %v", svc.pins)
 	}
 }

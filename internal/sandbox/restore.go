@@ -49,6 +49,7 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 	if err != nil {
 		return res, err
 	}
+	defer s.pinSnapshot(sid)()
 	sn, err := s.readySnapshot(ctx, c, sid)
 	if err != nil {
 		return res, err

@@ -105,6 +105,11 @@ type Service struct {
 	snaps  *Snapshots   // nil: snapshots disabled
 	egress *egressState // nil: no network for any sandbox
 	tplMu  sync.Mutex   // one template indexing at a time
+	// pins counts the operations reading each snapshot's content
+	// (pinSnapshot); pinMu guards it and is held while a snapshot is
+	// dropped, so a drop and a pin never interleave.
+	pinMu sync.Mutex
+	pins  map[string]int
 	// tplIndexing holds the template digests whose full view has been
 	// started in the background (prepareTemplateView).
 	tplIndexing sync.Map

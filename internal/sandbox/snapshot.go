@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spacesandbox/space/internal/driver"
@@ -133,7 +134,7 @@ func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name
 	rec := store.Snapshot{
 		ID: newSnapshotID(), SandboxID: sb.ID, Team: sb.Team, Kind: kind, Name: name, Parent: parent,
 		Template: sb.Template, TemplateDigest: sb.TemplateDigest, Automatic: automatic,
-		Status: store.SnapshotCreating, CreatedAt: s.now().UTC(),
+		Status: store.SnapshotCreating, CreatedAt: s.now().UTC(), RetentionDays: sb.RetentionDays,
 	}
 	if err := s.store.CreateSnapshot(ctx, rec); err != nil {
 		return rec, err
@@ -261,7 +262,40 @@ func (s *Service) DeleteSnapshot(ctx context.Context, c Caller, sid string) erro
 	return s.dropSnapshot(ctx, sn)
 }
 
+// pinSnapshot keeps snapshot id's manifests, and so its chunks (GC keeps
+// those of every manifest on disk), until the returned func is called:
+// dropSnapshot refuses a pinned snapshot. What reads a snapshot's content
+// over time holds a pin (materialize, restore, a file read, verify):
+// retention or a delete and the GC after it removed chunks from under a
+// fork ("snapshot data corrupt") or left a restore half done.
+func (s *Service) pinSnapshot(id string) (unpin func()) {
+	s.pinMu.Lock()
+	if s.pins == nil {
+		s.pins = map[string]int{}
+	}
+	s.pins[id]++
+	s.pinMu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.pinMu.Lock()
+			if s.pins[id]--; s.pins[id] <= 0 {
+				delete(s.pins, id)
+			}
+			s.pinMu.Unlock()
+		})
+	}
+}
+
+// dropSnapshot removes a snapshot's manifests and record, unless an
+// operation reading it holds a pin (a conflict: retention tries again on
+// its next pass).
 func (s *Service) dropSnapshot(ctx context.Context, sn store.Snapshot) error {
+	s.pinMu.Lock()
+	defer s.pinMu.Unlock()
+	if s.pins[sn.ID] > 0 {
+		return errdefs.Conflict("snapshot %s is being read (a fork, restore or download from it); try again when it ends", sn.ID)
+	}
 	for _, id := range []string{sn.ID, sn.ID + filesSuffix} {
 		if err := s.snaps.Store.Delete(id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
@@ -358,6 +392,13 @@ func (s *Service) ReadSnapshotPath(ctx context.Context, c Caller, sid, p string)
 	if err != nil {
 		return SnapshotFile{}, err
 	}
+	unpin := s.pinSnapshot(sid)
+	pinned := false // until the content is read (pinnedReader)
+	defer func() {
+		if !pinned {
+			unpin()
+		}
+	}()
 	sn, err := s.readySnapshot(ctx, c, sid)
 	if err != nil {
 		return SnapshotFile{}, err
@@ -381,7 +422,19 @@ func (s *Service) ReadSnapshotPath(ctx context.Context, c Caller, sid, p string)
 	if err != nil {
 		return SnapshotFile{}, err
 	}
-	return SnapshotFile{Entry: e, Content: rc}, nil
+	pinned = true
+	return SnapshotFile{Entry: e, Content: pinnedReader{rc, unpin}}, nil
+}
+
+// pinnedReader releases a snapshot's pin when its content is closed.
+type pinnedReader struct {
+	io.ReadCloser
+	unpin func()
+}
+
+func (r pinnedReader) Close() error {
+	defer r.unpin()
+	return r.ReadCloser.Close()
 }
 
 // DiffSnapshots lists what changed between two snapshots of the caller.
@@ -407,6 +460,7 @@ func (s *Service) DiffSnapshots(ctx context.Context, c Caller, from, to string) 
 
 // VerifySnapshot re-hashes every chunk of a snapshot.
 func (s *Service) VerifySnapshot(ctx context.Context, c Caller, sid string) error {
+	defer s.pinSnapshot(sid)()
 	sn, err := s.readySnapshot(ctx, c, sid)
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -95,7 +96,9 @@ type GCStats struct {
 // any manifest cannot be read GC removes nothing and returns the error:
 // better to keep garbage than to lose a snapshot's data.
 func (s *Store) GC(ctx context.Context) (GCStats, error) {
-	s.mu.Lock()
+	if err := s.lockForGC(ctx); err != nil {
+		return GCStats{}, err
+	}
 	defer s.mu.Unlock()
 	var st GCStats
 
@@ -183,4 +186,29 @@ func (s *Store) GC(ctx context.Context) (GCStats, error) {
 		}
 	}
 	return st, nil
+}
+
+// gcPatience is how long GC asks for the store's lock without queueing for
+// it (lockForGC).
+var gcPatience = time.Minute
+
+// lockForGC takes the store's lock for GC without stalling everyone else
+// while it waits: a writer queued on a sync.RWMutex holds back every new
+// reader, so one slow export (a Put holds the read lock for its whole
+// stream) blocked every chunk read, delete and Put of the server behind a
+// waiting GC. It polls with TryLock for gcPatience, then queues.
+func (s *Store) lockForGC(ctx context.Context) error {
+	deadline := time.Now().Add(gcPatience)
+	for !s.mu.TryLock() {
+		if time.Now().After(deadline) {
+			s.mu.Lock()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
 }

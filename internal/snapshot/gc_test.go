@@ -310,3 +310,41 @@ func TestPutCanceled(t *testing.T) {
 		t.Errorf("canceled Put left a snapshot: %v", err)
 	}
 }
+
+// TestGCWaitingDoesNotStallReads: while a slow Put holds the store's read
+// lock (a CPU-limited sandbox's export), a GC waiting for it must not hold
+// back reads: queued on the RWMutex it did, and every chunk read, delete
+// and Put of the server waited for that one export to end.
+func TestGCWaitingDoesNotStallReads(t *testing.T) {
+	s := newStore(t)
+	m := mustPutTar(t, s, "a", mkTar(t, file("f", randBytes(3, 256<<10))), Meta{})
+	s.mu.RLock() // the slow Put
+	gcDone := make(chan error, 1)
+	go func() {
+		_, err := s.GC(t.Context())
+		gcDone <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // GC is waiting for the lock by now
+	read := make(chan []byte, 1)
+	go func() {
+		rc, _, err := s.ReadFile(t.Context(), m, "f")
+		if err != nil {
+			t.Error(err)
+			read <- nil
+			return
+		}
+		read <- readAll(t, rc)
+	}()
+	select {
+	case got := <-read:
+		if len(got) != 256<<10 {
+			t.Errorf("read %d bytes", len(got))
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("a read waited behind a GC waiting for a Put")
+	}
+	s.mu.RUnlock()
+	if err := <-gcDone; err != nil {
+		t.Fatal(err)
+	}
+}

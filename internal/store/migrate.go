@@ -173,6 +173,11 @@ CREATE INDEX processes_sandbox_seq ON processes(sandbox_id, seq);
 	`
 ALTER TABLE pool_settings ADD COLUMN prestart INTEGER NOT NULL DEFAULT 1;
 `,
+	// 15: a snapshot keeps its sandbox's retention_days, which still
+	// applies once the sandbox's record is gone.
+	`
+ALTER TABLE snapshots ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending
