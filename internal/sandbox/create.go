@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -245,14 +246,12 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		return store.Sandbox{}, err
 	}
 	log := s.log.With("sandbox", sb.ID)
-	rollback := func(undo func(), cause error) (store.Sandbox, error) {
+	rollback := func(undo func() error, cause error) (store.Sandbox, error) {
 		if undo != nil {
-			undo()
+			cause = leftBehind(cause, undo())
 		}
 		s.forgetNetwork(sb.ID)
-		if err := s.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); err != nil {
-			log.Error("rollback: delete record", "err", err)
-		}
+		s.dropFailed(context.WithoutCancel(ctx), sb.ID, []string{StateCreating}, cause)
 		log.Warn("create failed", "err", cause)
 		s.metrics.CreateErrors.Inc()
 		return store.Sandbox{}, cause
@@ -278,7 +277,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 // boot creates and starts the instance of a recorded sandbox and connects
 // to its agent; low starts it at the lowest CPU priority (a warm pool's
 // boot). On error everything it made is gone; on success undo destroys it.
-func (s *Service) boot(ctx context.Context, sb store.Sandbox, tpl store.Template, low bool) (driver.Instance, *agentclient.Client, func(), error) {
+func (s *Service) boot(ctx context.Context, sb store.Sandbox, tpl store.Template, low bool) (driver.Instance, *agentclient.Client, func() error, error) {
 	log := s.log.With("sandbox", sb.ID)
 	d := s.drivers[sb.Driver]
 	rootfs, kind, err := s.rootfs(ctx, sb.Driver, tpl)
@@ -295,29 +294,69 @@ func (s *Service) boot(ctx context.Context, sb store.Sandbox, tpl store.Template
 		return nil, nil, nil, fmt.Errorf("create sandbox: %v: %w", err, errdefs.ErrUnavailable)
 	}
 	var agent *agentclient.Client
-	undo := func() {
+	undo := func() error {
 		if agent != nil {
 			agent.Close()
 		}
-		if err := inst.Destroy(context.WithoutCancel(ctx)); err != nil {
+		err := inst.Destroy(context.WithoutCancel(ctx))
+		if err != nil {
 			log.Error("rollback: destroy", "err", err)
 		}
+		return err
 	}
 	h, _ := json.Marshal(inst.Handle())
 	if err := s.store.SetSandboxHandle(ctx, sb.ID, h); err != nil {
-		undo()
-		return nil, nil, nil, err
+		return nil, nil, nil, leftBehind(err, undo())
 	}
 	if err := inst.Start(ctx); err != nil {
-		undo()
-		return nil, nil, nil, fmt.Errorf("start sandbox: %v: %w", err, errdefs.ErrUnavailable)
+		return nil, nil, nil, leftBehind(fmt.Errorf("start sandbox: %v: %w", err, errdefs.ErrUnavailable), undo())
 	}
 	agent = agentclient.New(inst.DialAgent, log)
 	if _, err := agent.Info(ctx); err != nil {
-		undo()
-		return nil, nil, nil, fmt.Errorf("sandbox agent did not come up: %v: %w", err, errdefs.ErrUnavailable)
+		return nil, nil, nil, leftBehind(fmt.Errorf("sandbox agent did not come up: %v: %w", err, errdefs.ErrUnavailable), undo())
 	}
 	return inst, agent, undo, nil
+}
+
+// leftBehindError is a failed create, fork or boot whose instance could
+// not be destroyed: it may still run, so its record (with the handle a
+// kill or a restart's recovery destroys it by) must stay.
+type leftBehindError struct {
+	cause, destroy error
+}
+
+func (e *leftBehindError) Error() string {
+	return fmt.Sprintf("%v (and its instance could not be destroyed: %v)", e.cause, e.destroy)
+}
+
+func (e *leftBehindError) Unwrap() error { return e.cause }
+
+// leftBehind is cause, marked as having left its instance behind when
+// destroyErr (the rollback's destroy) is not nil.
+func leftBehind(cause, destroyErr error) error {
+	if destroyErr == nil {
+		return cause
+	}
+	return &leftBehindError{cause: cause, destroy: destroyErr}
+}
+
+// dropFailed removes the record of a sandbox whose create (or fork, or
+// warm boot) failed in one of states, unless the failure left its
+// instance behind: that record is kept in state error, so the sandbox is
+// listed, counts against its team's quota while it may hold resources,
+// and a kill (or the next server start) destroys it. A deleted record
+// left a running sandbox nothing would ever stop.
+func (s *Service) dropFailed(ctx context.Context, id string, states []string, cause error) {
+	var lb *leftBehindError
+	if errors.As(cause, &lb) {
+		if err := s.store.UpdateSandboxState(ctx, id, states, StateError, lb.Error()); err != nil {
+			s.log.Error("failed sandbox left behind: mark error", "sandbox", id, "err", err)
+		}
+		return
+	}
+	if err := s.store.DeleteSandbox(ctx, id); err != nil {
+		s.log.Error("rollback: delete record", "sandbox", id, "err", err)
+	}
 }
 
 // goLive registers a sandbox whose agent has its identity and moves it

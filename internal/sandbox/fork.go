@@ -196,10 +196,10 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 			agent.Close()
 		}
 		if inst != nil {
-			_ = inst.Destroy(ctx)
+			err = leftBehind(err, inst.Destroy(ctx))
 		}
 		s.forgetNetwork(sb.ID)
-		_ = s.store.DeleteSandbox(ctx, sb.ID)
+		s.dropFailed(ctx, sb.ID, []string{StateCreating}, err)
 		return store.Sandbox{}, err
 	}
 	tpl, err := s.store.GetTemplate(ctx, parent.Template)

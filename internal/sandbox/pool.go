@@ -571,7 +571,7 @@ func (s *Service) bootWarm(ctx context.Context, p *pool) (*warm, error) {
 	}
 	inst, agent, _, err := s.boot(ctx, sb, p.tpl, true)
 	if err != nil {
-		_ = s.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
+		s.dropFailed(context.WithoutCancel(ctx), sb.ID, []string{StatePooled}, err)
 		return nil, err
 	}
 	sb.Handle, _ = json.Marshal(inst.Handle())

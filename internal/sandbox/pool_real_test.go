@@ -30,6 +30,13 @@ import (
 // destroyed and its pools drained when the test ends.
 func realService(t *testing.T) (*Service, *store.Store, store.Template) {
 	t.Helper()
+	return realServiceWith(t, nil)
+}
+
+// realServiceWith is realService with its gVisor driver passed through
+// wrap (a test's failure injection) when wrap is not nil.
+func realServiceWith(t *testing.T, wrap func(driver.Driver) driver.Driver) (*Service, *store.Store, store.Template) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts gVisor sandboxes")
 	}
@@ -45,8 +52,12 @@ func realService(t *testing.T) (*Service, *store.Store, store.Template) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var drv driver.Driver = d
+	if wrap != nil {
+		drv = wrap(d)
+	}
 	svc := New(Config{DataDir: dir, AgentPath: agentPath, DefaultDriver: gvisor.Name, DefaultTemplate: "base"},
-		st, []driver.Driver{d}, log, NewMetrics(prometheus.NewRegistry(), st.CountSandboxesByState))
+		st, []driver.Driver{drv}, log, NewMetrics(prometheus.NewRegistry(), st.CountSandboxesByState))
 	tpl := store.Template{Name: "base", Digest: base.Digest, Path: base.Path, Kind: string(base.Kind), Status: store.TemplateReady, BuiltAt: base.BuiltAt}
 	if err := st.PutTemplate(ctx, tpl); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,104 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/errdefs"
+)
+
+// flakyDriver is the real gVisor driver with failures injected: the next
+// failStart instances report a failed Start after really starting, and
+// the next failDestroy destroys fail without doing anything.
+type flakyDriver struct {
+	driver.Driver
+	failStart, failDestroy atomic.Int32
+}
+
+func (d *flakyDriver) Create(ctx context.Context, spec driver.Spec) (driver.Instance, error) {
+	inst, err := d.Driver.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &flakyInstance{Instance: inst, d: d}, nil
+}
+
+type flakyInstance struct {
+	driver.Instance
+	d *flakyDriver
+}
+
+func (i *flakyInstance) Start(ctx context.Context) error {
+	if err := i.Instance.Start(ctx); err != nil {
+		return err
+	}
+	if i.d.failStart.Add(-1) >= 0 {
+		return errors.New("injected: start failed")
+	}
+	return nil
+}
+
+func (i *flakyInstance) Destroy(ctx context.Context) error {
+	if i.d.failDestroy.Add(-1) >= 0 {
+		return errors.New("injected: destroy failed")
+	}
+	return i.Instance.Destroy(ctx)
+}
+
+// TestCreateRollbackKeepsWhatItCannotDestroy: a create that fails after
+// its sandbox started, and whose rollback cannot destroy the instance,
+// keeps the record in state error (with its handle and the reason)
+// instead of deleting it, so the still running sandbox is listed and a
+// kill destroys it for real. The record was deleted, and the sandbox ran
+// on with nothing that would ever stop it.
+func TestCreateRollbackKeepsWhatItCannotDestroy(t *testing.T) {
+	fd := &flakyDriver{}
+	svc, st, _ := realServiceWith(t, func(d driver.Driver) driver.Driver { fd.Driver = d; return fd })
+	ctx := context.Background()
+	c := Caller{Team: "t"}
+	fd.failStart.Store(1)
+	fd.failDestroy.Store(1)
+	if _, err := svc.Create(ctx, c, CreateRequest{}); err == nil || !strings.Contains(err.Error(), "could not be destroyed") {
+		t.Fatalf("create with a failed start and rollback: %v, want the error naming both", err)
+	}
+	list, _, err := svc.List(ctx, c, ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].State != StateError || !strings.Contains(list[0].Reason, "injected: destroy failed") {
+		t.Fatalf("sandboxes after the failed create: %+v, want one in state error saying why", list)
+	}
+	id := list[0].ID
+	sb, err := st.GetSandbox(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h driver.Handle
+	if err := json.Unmarshal(sb.Handle, &h); err != nil {
+		t.Fatalf("the kept record has no handle: %v", err)
+	}
+	if _, err := fd.Driver.Recover(ctx, h); err != nil {
+		t.Fatalf("the left-behind instance is not running (so nothing was left behind?): %v", err)
+	}
+	if err := svc.Kill(ctx, c, id); err != nil {
+		t.Fatalf("kill the left-behind sandbox: %v", err)
+	}
+	if _, err := fd.Driver.Recover(ctx, h); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("after the kill the instance is still there: %v", err)
+	}
+
+	// A create whose rollback does destroy leaves no record.
+	fd.failStart.Store(1)
+	if _, err := svc.Create(ctx, c, CreateRequest{}); err == nil {
+		t.Fatal("create with a failed start succeeded")
+	}
+	list, _, _ = svc.List(ctx, c, ListOptions{States: []string{StateCreating, StateRunning, StateError}})
+	if len(list) != 0 {
+		t.Errorf("sandboxes after a failed create that rolled back: %+v", list)
+	}
+}
