@@ -115,6 +115,75 @@ test('bash: state across cells, stdout and stderr, exit status, envs, interrupt'
   }, base)
 })
 
+test('kernels: a cell\'s env stays, subprocesses leave the requests alone, long lines, bad envs, a killed kernel', async () => {
+  await withSandbox(async (sbx) => {
+    // What a cell sets in the environment stays, as in Jupyter; the
+    // request's envs are for their cell only.
+    await sbx.runCode('import os\nos.environ["SET_IN_CELL"] = "kept"', { envs: { ONLY_HERE: 'yes' } })
+    const env = await sbx.runCode('import os\nf"{os.environ.get(\'SET_IN_CELL\')} {os.environ.get(\'ONLY_HERE\', \'-\')}"')
+    assert.equal(env.text, "'kept -'")
+    const js = await sbx.createCodeContext({ language: 'javascript' })
+    await sbx.runCode('process.env.SET_IN_CELL = "kept"', { context: js, envs: { ONLY_HERE: 'yes' } })
+    assert.equal((await sbx.runCode('`${process.env.SET_IN_CELL} ${process.env.ONLY_HERE ?? "-"}`', { context: js })).text, 'kept -')
+
+    // A subprocess inherits the kernel's stdin, which is not where the
+    // requests come from: cat reads end-of-file, not the next cell.
+    await sbx.runCode('import subprocess\np = subprocess.Popen(["cat"])')
+    assert.equal((await sbx.runCode('p.wait(5)', { timeoutMs: 20000 })).text, '0')
+
+    // Output without a newline comes in pieces, all of it.
+    const long = await sbx.runCode('import os\nwith os.fdopen(1, "wb", closefd=False) as f:\n    f.write(b"x" * (3 << 20))')
+    assert.equal(long.logs.stdout.join('').length, 3 << 20)
+    assert.ok(long.logs.stdout.length > 1, `${long.logs.stdout.length} piece`)
+
+    // env_vars a kernel cannot hold are the request's error, not the kernel's end.
+    await assert.rejects(sbx.runCode('1', { envs: { 'A=B': 'x' } }), /400/)
+    assert.equal((await sbx.runCode('os.environ["SET_IN_CELL"]')).text, "'kept'")
+
+    // A kernel killed between cells: the next cell runs in a fresh one
+    // (as Jupyter restarts a dead kernel), without the old one's state.
+    const pid = (await sbx.runCode('os.getpid()')).text
+    await sbx.commands.run(`kill -9 ${pid}`)
+    const fresh = await sbx.runCode('import os\nos.getpid()')
+    assert.ok(fresh.text && fresh.text !== pid, JSON.stringify(fresh))
+    assert.equal((await sbx.runCode('p')).error?.name, 'NameError')
+    assert.equal((await sbx.runCode('1 + 1')).text, '2')
+  }, base)
+})
+
+test("a fork's child: every kind of context keeps its state, counts on, takes the child's env", { timeout: 180000 }, async () => {
+  await withSandbox(async (sbx) => {
+    const py = await sbx.createCodeContext({ language: 'python' })
+    const js = await sbx.createCodeContext({ language: 'javascript' })
+    const sh = await sbx.createCodeContext({ language: 'bash' })
+    await sbx.runCode('x = 1', { context: py })
+    await sbx.runCode('globalThis.x = 1', { context: js })
+    // bash keeps an unset; the child's identity brings TENANT back.
+    await sbx.runCode('X=1; unset TENANT', { context: sh })
+    const [child] = await sbx.fork({ count: 1 })
+    assert.ok(!(child instanceof Error), String(child))
+    try {
+      const c = await Sandbox.connect(child.sandboxId)
+      const ctx = async (want) => (await c.listCodeContexts()).find((x) => x.id === want.id)
+      // Two cells each: the first one read after the fork, and the next.
+      for (let i = 0; i < 2; i++) {
+        const p = await c.runCode('import os\nf"{x} {os.environ[\'TENANT\']}"', { context: await ctx(py) })
+        assert.equal(p.text, "'1 alpha'", JSON.stringify(p))
+        assert.equal(p.executionCount, 2 + i, 'python')
+        const j = await c.runCode('`${x} ${process.env.TENANT}`', { context: await ctx(js) })
+        assert.equal(j.text, '1 alpha', JSON.stringify(j))
+        assert.equal(j.executionCount, 2 + i, 'javascript')
+        const b = await c.runCode('echo "$X $TENANT"', { context: await ctx(sh) })
+        assert.equal(b.logs.stdout.join(''), '1 alpha\n', JSON.stringify(b))
+        assert.equal(b.executionCount, 2 + i, 'bash')
+      }
+      assert.equal((await sbx.runCode('echo "[$TENANT]"', { context: sh })).logs.stdout.join(''), '[]\n', 'the parent kept its unset')
+    } finally {
+      await child.kill()
+    }
+  }, { ...base, opts: { envs: { TENANT: 'alpha' } } })
+})
+
 test('matplotlib chart comes back as PNG (code-interpreter-v1)', { timeout: 180000 }, async () => {
   await withSandbox(async (sbx) => {
     const r = await sbx.runCode([

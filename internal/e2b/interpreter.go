@@ -11,9 +11,12 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -24,7 +27,11 @@ import (
 // process per code context, started in the sandbox through the service
 // (python3 or node running the drivers in kernel/), fed one JSON request
 // per execution on stdin; its messages come back through the process's
-// event log and are passed on as NDJSON.
+// event log and are passed on as NDJSON. Each request carries a random id
+// that the kernel repeats in the execution's number_of_executions: the
+// output read up to it is another execution's (one that ran while a fork
+// was taken, or whose request arrived but whose reader failed), and is
+// not passed on.
 
 //go:embed kernel/python.py
 var pythonKernel []byte
@@ -41,15 +48,34 @@ const kernelDir = "/tmp/.space-e2b"
 // msgMark starts every kernel message line; text before it is raw output.
 const msgMark = '\x1e'
 
+// Bounds on what is kept of an unfinished kernel output line (vars for the
+// tests). Raw text (a subprocess writing without newlines, `cat
+// /dev/zero`) is passed on in pieces of about maxRawLine; a message line
+// may be big (a PNG result is base64 in it), but one longer than
+// maxMessageLine is dropped up to its newline, so a kernel cannot make the
+// server hold its output without bound.
+var (
+	maxRawLine     = 1 << 20
+	maxMessageLine = 64 << 20
+)
+
 type codeContext struct {
 	ID       string `json:"id"`
 	Language string `json:"language"`
 	Cwd      string `json:"cwd"`
 
-	mu   sync.Mutex // one execution at a time
+	mu   sync.Mutex // one execution at a time; guards the fields below
 	pid  int
 	seq  uint64 // next event to read; 0: not known yet (a kernel found by its tag)
-	part []byte // an unfinished output line
+	part []byte // kernel stdout not passed on yet: an unfinished line, or what followed an execution's end
+	drop bool   // dropping an oversized message line up to its newline
+	// exec is the id of the execution being read; started once its
+	// number_of_executions was read (what came before is not its output).
+	exec    string
+	started bool
+	// removed: DELETE /contexts took it out, and no kernel is started for
+	// it any more (atomic: set before its removal waits for c.mu).
+	removed atomic.Bool
 }
 
 // The contexts of a sandbox live in its agent: each kernel process carries
@@ -147,9 +173,16 @@ func (h *Handler) serveInterpreter(w http.ResponseWriter, r *http.Request, id st
 		writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is not running")
 		return
 	}
-	if !h.trafficAllowed(r, id) && r.URL.Path != "/health" {
-		writeJSONError(w, http.StatusUnauthorized, "unauthorized: missing or wrong access token")
-		return
+	if r.URL.Path != "/health" {
+		if !h.trafficAllowed(r, id) {
+			writeJSONError(w, http.StatusUnauthorized, "unauthorized: missing or wrong access token")
+			return
+		}
+		// The team's request rate, as on envd's port.
+		if err := h.svc.AllowRequest(r.Context(), sandbox.Caller{Team: sb.Team}); err != nil {
+			h.writeError(w, r, err)
+			return
+		}
 	}
 	ctx := context.WithValue(r.Context(), targetKey{}, envdTarget{id: id, caller: sandbox.Caller{Team: sb.Team}})
 	h.interp.ServeHTTP(w, r.WithContext(ctx))
@@ -256,16 +289,85 @@ func (h *Handler) startKernel(ctx context.Context, t envdTarget, c *codeContext)
 	if err != nil {
 		return err
 	}
-	c.pid, c.seq, c.part = pid, 1, nil
+	c.pid, c.seq = pid, 1
+	c.resetOutput()
 	return nil
 }
 
+// stopKernel kills the context's kernel (c.mu held).
 func (h *Handler) stopKernel(ctx context.Context, t envdTarget, c *codeContext) {
 	if c.pid != 0 {
 		_ = h.svc.Signal(ctx, t.caller, t.id, c.pid, "SIGKILL")
 	}
 	c.pid = 0
 }
+
+// resetOutput forgets what was read of a kernel's output (a new kernel, or
+// one found by its tag whose log is read from its end).
+func (c *codeContext) resetOutput() {
+	c.part, c.drop, c.started = nil, false, false
+}
+
+// kernelStdinFailed handles a request that could not be written to the
+// kernel's stdin while its client still waits: a kernel that is gone (its
+// process exited or was pruned) or that closed its stdin (it can take no
+// more requests) is given up, and the next execution starts a fresh one.
+// When the sandbox cannot say (its agent unreachable for a moment, the
+// sandbox pausing), the kernel and its state are kept. Called with c.mu
+// held.
+func (h *Handler) kernelStdinFailed(ctx context.Context, t envdTarget, c *codeContext, err error) {
+	procs, perr := h.svc.Processes(ctx, t.caller, t.id)
+	if perr != nil {
+		h.log.Warn("code interpreter: a request did not reach the kernel; keeping it", "sandbox", t.id, "context", c.ID, "pid", c.pid, "err", err)
+		return
+	}
+	for _, pr := range procs {
+		if pr.PID == c.pid && pr.Running {
+			if errors.Is(err, errdefs.ErrConflict) {
+				h.stopKernel(ctx, t, c)
+			}
+			return
+		}
+	}
+	c.pid = 0
+}
+
+// requestLine is an execution's request to a kernel. The leading newline
+// ends whatever a request cut short (its client left while it was being
+// written) left on the kernel's stdin, so that this one is a line of its
+// own.
+func requestLine(id, code string, env map[string]string) []byte {
+	line, _ := json.Marshal(map[string]any{"id": id, "code": code, "env": env})
+	return append(append([]byte{'\n'}, line...), '\n')
+}
+
+// newExecID is a request's id: random, so that no earlier execution of a
+// kernel (a previous server's included) had it.
+func newExecID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// validEnvVars checks an execution's env_vars by the rules the sandbox's
+// env follows (internal/sandbox validateEnv): a kernel cannot hold a name
+// with '=' or NUL, and an empty one.
+func validEnvVars(env map[string]string) error {
+	if len(env) > 256 {
+		return errdefs.InvalidArgument("env_vars: at most 256 variables")
+	}
+	for k, v := range env {
+		if !envNameRE.MatchString(k) {
+			return errdefs.InvalidArgument("env_vars: invalid variable name %q", k)
+		}
+		if len(v) > 32<<10 || !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
+			return errdefs.InvalidArgument("env_vars: invalid value for %q", k)
+		}
+	}
+	return nil
+}
+
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
 type executeBody struct {
 	Code      string            `json:"code"`
@@ -287,6 +389,10 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, errdefs.InvalidArgument("give a context_id or a language, not both"))
 		return
 	}
+	if err := validEnvVars(b.EnvVars); err != nil {
+		h.writeError(w, r, err)
+		return
+	}
 	c, err := h.contextFor(r.Context(), t, b.ContextID, b.Language)
 	if err != nil {
 		h.writeError(w, r, err)
@@ -295,28 +401,57 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ctx := r.Context()
-	if c.pid == 0 {
-		if err := h.startKernel(ctx, t, c); err != nil {
-			h.writeError(w, r, err)
-			return
-		}
-	} else if c.seq == 0 {
-		// A kernel found by its tag: what it printed before is not this
-		// execution's; read from the end of its log.
-		if c.seq, err = h.logEnd(ctx, t, c.pid); err != nil {
-			h.writeError(w, r, err)
-			return
-		}
-		c.part = nil
-	}
-	line, _ := json.Marshal(map[string]any{"code": b.Code, "env": b.EnvVars})
-	if err := h.svc.Stdin(ctx, t.caller, t.id, c.pid, bytes.NewReader(append(line, '\n')), false); err != nil {
-		c.pid = 0 // the kernel is gone: start a new one next time
-		h.writeError(w, r, err)
+	if ctx.Err() != nil {
+		// The client went away while an earlier execution held the
+		// context: nothing was sent, and the kernel is as it was.
 		return
+	}
+	if c.removed.Load() {
+		h.writeError(w, r, errdefs.NotFound("context %s was removed", c.ID))
+		return
+	}
+	for attempt := 0; ; attempt++ {
+		if c.pid == 0 {
+			if err := h.startKernel(ctx, t, c); err != nil {
+				h.writeError(w, r, err)
+				return
+			}
+		} else if c.seq == 0 {
+			// A kernel found by its tag: what it printed before is not
+			// this execution's; read from the end of its log.
+			if c.seq, err = h.logEnd(ctx, t, c.pid); err != nil {
+				h.writeError(w, r, err)
+				return
+			}
+			c.resetOutput()
+		}
+		c.exec, c.started = newExecID(), false
+		err := h.svc.Stdin(ctx, t.caller, t.id, c.pid, bytes.NewReader(requestLine(c.exec, b.Code, b.EnvVars)), false)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return // the client went away; the kernel is kept
+		}
+		h.kernelStdinFailed(ctx, t, c, err)
+		if c.pid != 0 || attempt > 0 {
+			h.writeError(w, r, err)
+			return
+		}
+		// The kernel was gone (killed or exited between cells, so no
+		// execution reported it): as Jupyter restarts a dead kernel, the
+		// execution runs in a fresh one, without the old one's state.
+		h.log.Info("code interpreter: the context's kernel had exited; starting a new one", "sandbox", t.id, "context", c.ID)
 	}
 	evs, err := h.svc.Events(ctx, t.caller, t.id, c.pid, c.seq, true)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The request reached the kernel but nobody waits for it.
+			h.interrupt(ctx, t, c)
+			return
+		}
+		// The execution runs unread; the next one skips its output by
+		// its id.
 		h.writeError(w, r, err)
 		return
 	}
@@ -353,11 +488,27 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// read passes one execution's output on to out (text with kind "stdout"
-// or "stderr", or a kernel message) until its end_of_execution or the
-// kernel's exit (then true), or until evs fails (the client went away:
-// false). c's read position follows.
+// read passes execution c.exec's output on to out (text with kind
+// "stdout" or "stderr", or a kernel message) until its end_of_execution or
+// the kernel's exit (then true), or until evs fails (the client went away:
+// false). What comes before the execution's number_of_executions (found
+// by its id; a kernel started by an older server sends none, and its first
+// number_of_executions is taken) is another execution's and is skipped.
+// c's read position follows.
 func (c *codeContext) read(evs sandbox.EventStream, out func(kind, text string, msg json.RawMessage)) bool {
+	pass := func(kind, text string, msg json.RawMessage) {
+		if c.started && (msg != nil || text != "") {
+			out(kind, text, msg)
+		}
+	}
+	if len(c.part) > 0 {
+		// Lines read with an earlier execution's end.
+		rest := c.part
+		c.part = nil
+		if c.take(rest, pass) {
+			return true
+		}
+	}
 	for {
 		ev, err := evs.Next()
 		if err != nil {
@@ -366,43 +517,20 @@ func (c *codeContext) read(evs sandbox.EventStream, out func(kind, text string, 
 		c.seq = ev.Seq + 1
 		switch ev.Type {
 		case agentproto.EventStderr:
-			out("stderr", string(ev.Data), nil)
+			pass("stderr", string(ev.Data), nil)
 		case agentproto.EventStdout:
-			c.part = append(c.part, ev.Data...)
-			for {
-				i := bytes.IndexByte(c.part, '\n')
-				if i < 0 {
-					break
-				}
-				l := c.part[:i]
-				c.part = c.part[i+1:]
-				raw, msg, found := bytes.Cut(l, []byte{msgMark})
-				if !found {
-					out("stdout", string(l)+"\n", nil)
-					continue
-				}
-				out("stdout", string(raw), nil)
-				if !json.Valid(msg) {
-					continue
-				}
-				var head struct {
-					Type string `json:"type"`
-				}
-				_ = json.Unmarshal(msg, &head)
-				if head.Type == "ready" {
-					continue // a prestarted kernel's, before any execution
-				}
-				out("", "", append(json.RawMessage(nil), msg...))
-				if head.Type == "end_of_execution" {
-					return true
-				}
+			if c.take(ev.Data, pass) {
+				return true
 			}
 		case agentproto.EventExit:
-			// The kernel died (os._exit, OOM, killed): report it; the next
-			// execution starts a fresh kernel.
+			// The kernel died (os._exit, OOM, killed): report it, whoever's
+			// execution it was in; the next execution starts a fresh kernel.
 			c.pid = 0
-			out("stdout", string(c.part), nil)
-			c.part = nil
+			if !c.drop {
+				raw, _, _ := bytes.Cut(c.part, []byte{msgMark})
+				pass("stdout", string(raw), nil)
+			}
+			c.resetOutput()
 			m, _ := json.Marshal(map[string]string{"type": "error", "name": "KernelDied", "value": "the kernel exited; its state is lost", "traceback": ""})
 			out("", "", m)
 			out("", "", json.RawMessage(`{"type":"end_of_execution"}`))
@@ -411,14 +539,153 @@ func (c *codeContext) read(evs sandbox.EventStream, out func(kind, text string, 
 	}
 }
 
+// take reads kernel stdout: each complete line is raw output or a message
+// (after msgMark); it reports whether the execution's end was read, and
+// then keeps what followed it in c.part for the next read. An unfinished
+// line is kept in c.part within the bounds of maxRawLine and
+// maxMessageLine.
+func (c *codeContext) take(data []byte, pass func(kind, text string, msg json.RawMessage)) bool {
+	for len(data) > 0 {
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			if !c.drop {
+				c.part = append(c.part, data...)
+				c.bound(pass)
+			}
+			return false
+		}
+		l := data[:i]
+		data = data[i+1:]
+		if c.drop {
+			c.drop = false // the end of the dropped line
+			continue
+		}
+		if len(c.part) > 0 {
+			l = append(c.part, l...)
+			c.part = c.part[:0]
+			if cap(c.part) > maxRawLine {
+				c.part = nil // not kept after a big message
+			}
+		}
+		if c.line(l, pass) {
+			c.part = append([]byte(nil), data...)
+			return true
+		}
+	}
+	return false
+}
+
+// bound passes on, or drops, the unfinished line in c.part once it is too
+// long to keep: raw text beyond maxRawLine is passed on as stdout (up to
+// a UTF-8 character's boundary), a message beyond maxMessageLine is
+// dropped with the rest of its line.
+func (c *codeContext) bound(pass func(kind, text string, msg json.RawMessage)) {
+	mark := bytes.IndexByte(c.part, msgMark)
+	switch {
+	case mark < 0 && len(c.part) > maxRawLine:
+		n := runeBoundary(c.part)
+		pass("stdout", string(c.part[:n]), nil)
+		c.part = append(c.part[:0], c.part[n:]...)
+	case mark >= 0 && len(c.part)-mark > maxMessageLine:
+		pass("stdout", string(c.part[:mark]), nil)
+		c.part, c.drop = nil, true
+	}
+}
+
+// runeBoundary is the length of b without the start of a UTF-8 character
+// its end cuts.
+func runeBoundary(b []byte) int {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return i
+			}
+			break
+		}
+	}
+	return len(b)
+}
+
+// line handles one complete line of kernel stdout; it reports whether it
+// was the execution's end.
+func (c *codeContext) line(l []byte, pass func(kind, text string, msg json.RawMessage)) bool {
+	raw, msg, found := bytes.Cut(l, []byte{msgMark})
+	if !found {
+		pass("stdout", string(l)+"\n", nil)
+		return false
+	}
+	pass("stdout", string(raw), nil)
+	if !json.Valid(msg) {
+		return false
+	}
+	var head struct {
+		Type      string          `json:"type"`
+		ID        *string         `json:"id"`
+		Timestamp json.RawMessage `json:"timestamp"`
+	}
+	if json.Unmarshal(msg, &head) != nil {
+		return false
+	}
+	switch head.Type {
+	case "ready": // a prestarted kernel's, before any execution
+	case "number_of_executions":
+		if !c.started && (head.ID == nil || *head.ID == c.exec) {
+			c.started = true
+			pass("", "", withoutID(msg))
+		}
+	case "end_of_execution":
+		if c.started {
+			pass("", "", append(json.RawMessage(nil), msg...))
+			c.started = false
+			return true
+		}
+	case "stdout", "stderr":
+		if head.Timestamp == nil {
+			msg = stamped(msg)
+		}
+		pass("", "", append(json.RawMessage(nil), msg...))
+	default:
+		pass("", "", append(json.RawMessage(nil), msg...))
+	}
+	return false
+}
+
+// withoutID is a kernel's number_of_executions as E2B sends it: the
+// request's id is the facade's.
+func withoutID(msg []byte) json.RawMessage {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(msg, &m) != nil {
+		return append(json.RawMessage(nil), msg...)
+	}
+	delete(m, "id")
+	b, _ := json.Marshal(m)
+	return b
+}
+
+// stamped is a kernel's stdout or stderr message with the "timestamp" the
+// E2B SDKs read (Python's parse_output fails on a message without one
+// when on_stdout or on_stderr is given): the time it was read.
+func stamped(msg []byte) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(msg, &m) != nil {
+		return msg
+	}
+	m["timestamp"], _ = json.Marshal(time.Now().UTC().Format(time.RFC3339Nano))
+	b, err := json.Marshal(m)
+	if err != nil {
+		return msg
+	}
+	return b
+}
+
 // interruptWait is how long an interrupted cell has to end before its
 // kernel is killed.
 const interruptWait = 5 * time.Second
 
 // interrupt sends SIGINT to a kernel whose execution nobody waits for any
 // more (Python raises KeyboardInterrupt in the cell, Node breaks the
-// script) and reads the rest of that execution, so the next one starts at
-// its own output. A cell that does not end within interruptWait (it
+// script) and reads up to that execution's end (c.exec's), so the next one
+// starts after it. A cell that does not end within interruptWait (it
 // ignores SIGINT, or waits on a promise forever) costs the kernel: it is
 // killed and the next execution starts a fresh one. Called with c.mu held.
 func (h *Handler) interrupt(reqCtx context.Context, t envdTarget, c *codeContext) {
@@ -438,7 +705,8 @@ func (h *Handler) interrupt(reqCtx context.Context, t envdTarget, c *codeContext
 	}
 	log.Warn("code interpreter: the interrupted execution did not end; killing its kernel")
 	_ = h.svc.Signal(context.WithoutCancel(reqCtx), t.caller, t.id, c.pid, "SIGKILL")
-	c.pid, c.part = 0, nil
+	c.pid = 0
+	c.resetOutput()
 }
 
 // logEnd is the seq after the last event a process's log holds.
@@ -533,7 +801,23 @@ func (h *Handler) removeContext(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusNotFound, "context "+cid+" not found")
 		return
 	}
-	h.stopKernel(r.Context(), t, c)
+	// The kernel is stopped under c.mu, as execute and restartContext
+	// change c.pid; an execution waiting for the context finds it removed
+	// instead of starting a kernel nobody would stop. One running now
+	// holds c.mu until its cell ends: its kernel, found by its tag (c.pid
+	// is the execution's), is killed first, which ends it.
+	ctx := context.WithoutCancel(r.Context())
+	c.removed.Store(true)
+	if !c.mu.TryLock() {
+		if procs, err := h.svc.Processes(ctx, t.caller, t.id); err == nil {
+			if pr, ok := runningTagged(procs, kernelTag(c)); ok {
+				_ = h.svc.Signal(ctx, t.caller, t.id, pr.PID, "SIGKILL")
+			}
+		}
+		c.mu.Lock()
+	}
+	h.stopKernel(ctx, t, c)
+	c.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -548,6 +832,10 @@ func (h *Handler) restartContext(w http.ResponseWriter, r *http.Request) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.removed.Load() {
+		h.writeError(w, r, errdefs.NotFound("context %s was removed", c.ID))
+		return
+	}
 	h.stopKernel(r.Context(), t, c)
 	if err := h.startKernel(r.Context(), t, c); err != nil {
 		h.writeError(w, r, err)

@@ -1,11 +1,16 @@
 # space's bash kernel for the E2B code interpreter (internal/e2b): one bash
 # per code context, so the working directory, variables and functions
 # persist across executions. Same protocol as python.py: one JSON request
-# per line on stdin ({"code", "env"}); messages as "\x1e" + JSON + "\n" on
-# stdout. The cell runs with `source` from a file (a syntax error fails the
-# cell, not the kernel), stdin from /dev/null (it cannot eat the commands
-# this driver sends bash); its output comes back through pipes this driver
-# reads, so stdout, stderr and the end of the execution arrive in order.
+# per line on stdin ({"id", "code", "env"}); messages as "\x1e" + JSON +
+# "\n" on stdout, the request's id in its number_of_executions. The cell
+# runs with `source` from a file (a syntax error fails the cell, not the
+# kernel), stdin from /dev/null (it cannot eat the commands this driver
+# sends bash, nor this driver's requests: bash's stdin is a pipe of its
+# own); its output comes back through pipes this driver reads, so stdout,
+# stderr and the end of the execution arrive in order.
+# A line {"init": {"env": {...}}} is not an execution: the agent writes it
+# when the sandbox's identity changes (this kernel's copy in a fork's child
+# or in a sandbox made from a checkpoint); bash exports its env.
 import codecs, json, os, re, shlex, signal, subprocess, sys, threading
 
 _out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8", errors="replace")
@@ -88,8 +93,22 @@ def main():
             req = json.loads(line)
         except ValueError:
             continue
+        if not isinstance(req, dict):
+            continue
+        if "init" in req:
+            env = (req["init"] or {}).get("env") or {}
+            script = "".join("export %s=%s\n" % (k, shlex.quote(str(v))) for k, v in env.items() if _NAME.match(k))
+            try:
+                bash.stdin.write(script.encode())
+                bash.stdin.flush()
+            except BrokenPipeError:
+                break
+            continue
         count += 1
-        _emit({"type": "number_of_executions", "execution_count": count})
+        start = {"type": "number_of_executions", "execution_count": count}
+        if isinstance(req.get("id"), str):
+            start["id"] = req["id"]
+        _emit(start)
         cell = os.path.join(cells, "cell.sh")
         with open(cell, "w") as f:
             f.write(req.get("code", ""))
@@ -115,6 +134,10 @@ def main():
             _emit({"type": "error", "name": "ExitCode", "value": rc,
                    "traceback": "the cell's last command exited with status %s" % rc})
         _emit({"type": "end_of_execution"})
+    try:
+        bash.stdin.close()  # bash exits; the pumps read its pipes to the end
+    except BrokenPipeError:
+        pass
     for p in pumps:
         p.join(timeout=1)
 

@@ -1,7 +1,12 @@
 // space's JavaScript kernel for the E2B code interpreter (internal/e2b):
 // one Node process per code context; every execution runs in the same vm
 // context, so globals (and top-level let/const) persist. Reads one JSON
-// request per line ({"code", "env"}); writes "\x1e" + JSON + "\n" messages.
+// request per line ({"id", "code", "env"}); writes "\x1e" + JSON + "\n"
+// messages, the request's id in its number_of_executions (the host tells
+// this execution's output from an earlier one's by it).
+// A line {"init": {"env": {...}}} is not an execution: the agent writes it
+// when the sandbox's identity changes (this kernel's copy in a fork's child
+// or in a sandbox made from a checkpoint); its env becomes the kernel's.
 'use strict'
 const vm = require('vm')
 const util = require('util')
@@ -25,10 +30,18 @@ let chain = Promise.resolve()
 
 async function run(req) {
   count++
-  emit({ type: 'number_of_executions', execution_count: count })
-  const saved = { ...process.env }
-  Object.assign(process.env, req.env || {})
+  const start = { type: 'number_of_executions', execution_count: count }
+  if (typeof req.id === 'string') start.id = req.id
+  emit(start)
+  // Only the keys the request's env sets are put back after the cell
+  // (undefined: unset): what the cell itself does to process.env stays,
+  // as in a Jupyter kernel.
+  const saved = new Map()
   try {
+    for (const [k, v] of Object.entries(req.env || {})) {
+      if (!saved.has(k)) saved.set(k, Object.prototype.hasOwnProperty.call(process.env, k) ? process.env[k] : undefined)
+      process.env[k] = v
+    }
     // SIGINT (sent by the host when the client stopped waiting) breaks a
     // running script; outside one it is ignored (below).
     let v = vm.runInContext(req.code || '', ctx, { filename: '<cell>', breakOnSigint: true })
@@ -39,8 +52,12 @@ async function run(req) {
     const value = e && e.message !== undefined ? e.message : String(e)
     emit({ type: 'error', name, value, traceback: (e && e.stack) || String(e) })
   } finally {
-    for (const k of Object.keys(process.env)) if (!(k in saved)) delete process.env[k]
-    Object.assign(process.env, saved)
+    for (const [k, v] of saved) {
+      try {
+        if (v === undefined) delete process.env[k]
+        else process.env[k] = v
+      } catch {}
+    }
     emit({ type: 'end_of_execution' })
   }
 }
@@ -48,6 +65,14 @@ async function run(req) {
 readline.createInterface({ input: process.stdin }).on('line', (line) => {
   let req
   try { req = JSON.parse(line) } catch { return }
+  if (!req || typeof req !== 'object') return
+  if ('init' in req) {
+    // Between executions, like every request: a running cell's env is
+    // restored when it ends, and the identity must outlive that.
+    const env = (req.init && req.init.env) || {}
+    chain = chain.then(() => { Object.assign(process.env, env) })
+    return
+  }
   chain = chain.then(() => run(req))
 })
 process.on('SIGINT', () => {})

@@ -1,8 +1,12 @@
 # space's Python kernel for the E2B code interpreter (internal/e2b): one
 # process per code context, state kept in one namespace across executions.
-# Reads one JSON request per line on stdin ({"code", "env"}); writes each
-# message as "\x1e" + JSON + "\n" on stdout. Anything else on fd 1 (a
-# subprocess, os.write) is plain output the host passes on as stdout.
+# Reads one JSON request per line on stdin ({"id", "code", "env"}); writes
+# each message as "\x1e" + JSON + "\n" on stdout, the request's id in its
+# number_of_executions (the host tells this execution's output from an
+# earlier one's by it). Anything else on fd 1 (a subprocess, os.write) is
+# plain output the host passes on as stdout. The requests are read from a
+# private copy of fd 0; fd 0 itself is /dev/null, so a subprocess of a cell
+# (which inherits it) cannot read the requests meant for this driver.
 # Started by a warm pool before its sandbox had an owner, it gets
 # "--preload m1,m2": it imports those, says {"type": "ready"}, and its
 # first line is {"init": {"env": {...}}} from the agent at the claim, the
@@ -152,9 +156,42 @@ def _init(env):
             pass
 
 
+def _requests():
+    """Takes fd 0 (the host's requests) for this driver alone and leaves
+    /dev/null in its place for the cells and their subprocesses."""
+    fd = os.dup(0)  # not inheritable (PEP 446): no subprocess gets it
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(0, "r", closefd=False)
+    return os.fdopen(fd, "r", encoding="utf-8", errors="replace")
+
+
+def _setenv(env, saved):
+    """Sets a request's env for its execution, noting in saved what each
+    key was before (None: unset) for _restore."""
+    for k, v in env.items():
+        saved.setdefault(k, os.environ.get(k))
+        os.environ[k] = v
+
+
+def _restore(saved):
+    """Puts back the keys a request's env set; everything else the cell did
+    to os.environ stays, as in a Jupyter kernel."""
+    for k, v in saved.items():
+        try:
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        except Exception:
+            pass
+
+
 def main():
     global _running
     signal.signal(signal.SIGINT, _sigint)
+    requests = _requests()
     prestarted = len(sys.argv) > 2 and sys.argv[1] == "--preload"
     if prestarted:
         _preload([n for n in sys.argv[2].split(",") if n])
@@ -162,19 +199,26 @@ def main():
     if prestarted:
         _emit({"type": "ready"})
     count = 0
-    for line in sys.stdin:
+    for line in requests:
         try:
             req = json.loads(line)
         except ValueError:
+            continue
+        if not isinstance(req, dict):
             continue
         if "init" in req:
             _init((req["init"] or {}).get("env") or {})
             continue
         count += 1
-        _emit({"type": "number_of_executions", "execution_count": count})
-        saved = dict(os.environ)
-        os.environ.update(req.get("env") or {})
+        start = {"type": "number_of_executions", "execution_count": count}
+        if isinstance(req.get("id"), str):
+            start["id"] = req["id"]
+        _emit(start)
+        saved = {}
         try:
+            # In the try: a key the environment cannot hold (with "=" or
+            # NUL) fails this execution, not the kernel.
+            _setenv(req.get("env") or {}, saved)
             _running = True
             _run(req.get("code", ""))
             _running = False
@@ -184,8 +228,7 @@ def main():
             _emit({"type": "error", "name": type(e).__name__, "value": str(e), "traceback": tb})
         finally:
             _running = False
-            os.environ.clear()
-            os.environ.update(saved)
+            _restore(saved)
             _emit({"type": "end_of_execution"})
 
 
