@@ -299,12 +299,14 @@ func (h *Handler) kill(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 }
 
 // forget drops what the facade keeps in memory for a killed sandbox (its
-// code contexts). Sandboxes that end otherwise (timeout) leave a few bytes
-// until the server restarts.
+// code contexts and polling watchers). Sandboxes that end otherwise
+// (timeout) leave a few bytes of contexts until the server restarts; their
+// watchers go once nobody polled them for watcherIdle.
 func (h *Handler) forget(id string) {
 	h.interpState.mu.Lock()
 	delete(h.interpState.sandboxes, id)
 	h.interpState.mu.Unlock()
+	h.watchers.forget(id)
 }
 
 type timeoutBody struct {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/spacesandbox/space/internal/agentproto"
 )
 
@@ -184,5 +186,41 @@ func TestStartupEnv(t *testing.T) {
 		if got := startupEnv(m); got != want {
 			t.Errorf("startupEnv with %s = %v, want %v", env, got, want)
 		}
+	}
+}
+
+// TestWatchersBounded: a sandbox has at most maxWatchers polling watchers
+// (resource exhausted past them), a killed sandbox's go at once, and a
+// watcher nobody polls goes after watcherIdle; each one removed has its
+// watch cancelled. They stayed until RemoveWatcher, each with up to
+// 10,000 events, whatever became of their sandbox or client.
+func TestWatchersBounded(t *testing.T) {
+	ws := newWatchers()
+	cancelled := map[string]int{}
+	now := time.Now()
+	mk := func(sb string, at time.Time) (string, error) {
+		return ws.add(&watcher{sandbox: sb, polled: at, cancel: func() { cancelled[sb]++ }})
+	}
+	for i := 0; i < maxWatchers; i++ {
+		if _, err := mk("sb-a", now); err != nil {
+			t.Fatalf("watcher %d: %v", i, err)
+		}
+	}
+	if _, err := mk("sb-a", now); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("watcher %d of a sandbox: %v, want resource exhausted", maxWatchers+1, err)
+	}
+	if _, err := mk("sb-b", now); err != nil {
+		t.Errorf("another sandbox's watcher: %v", err)
+	}
+	ws.forget("sb-a")
+	if cancelled["sb-a"] != maxWatchers || len(ws.m) != 1 {
+		t.Errorf("after the kill: %d cancelled, %d left; want %d and 1", cancelled["sb-a"], len(ws.m), maxWatchers)
+	}
+	later := now.Add(watcherIdle + time.Second)
+	if _, err := mk("sb-c", later); err != nil { // sweeps sb-b's, idle since now
+		t.Fatal(err)
+	}
+	if cancelled["sb-b"] != 1 || len(ws.m) != 1 {
+		t.Errorf("an idle watcher: cancelled %d times, %d watchers left; want 1 and 1", cancelled["sb-b"], len(ws.m))
 	}
 }

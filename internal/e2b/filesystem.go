@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path"
@@ -215,16 +216,71 @@ type watchers struct {
 type watcher struct {
 	sandbox string
 	cancel  context.CancelFunc
-	mu      sync.Mutex
-	events  []*filesystem.FilesystemEvent
-	err     error
+	// polled is when the watcher was made or last polled (watchers.mu).
+	polled time.Time
+	mu     sync.Mutex
+	events []*filesystem.FilesystemEvent
+	err    error
 }
 
 // maxWatcherEvents bounds a polling watcher's backlog; older events are
 // dropped.
 const maxWatcherEvents = 10000
 
+// maxWatchers bounds a sandbox's polling watchers (the agent allows 64
+// watches); watcherIdle is how long one nobody polls is kept. Each holds
+// an agent watch, a goroutine and up to maxWatcherEvents events in the
+// server: without the bounds a client creating watchers in a loop, or
+// forgetting them, grew the server's memory for good.
+var (
+	maxWatchers = 64
+	watcherIdle = 10 * time.Minute
+)
+
 func newWatchers() *watchers { return &watchers{m: map[string]*watcher{}} }
+
+// sweep removes the watchers nobody polled for watcherIdle (ws.mu held).
+func (ws *watchers) sweep(now time.Time) {
+	for id, w := range ws.m {
+		if now.Sub(w.polled) > watcherIdle {
+			delete(ws.m, id)
+			w.cancel()
+		}
+	}
+}
+
+// forget removes a sandbox's watchers (it was killed).
+func (ws *watchers) forget(sandbox string) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	for id, w := range ws.m {
+		if w.sandbox == sandbox {
+			delete(ws.m, id)
+			w.cancel()
+		}
+	}
+}
+
+// add registers w under a new id unless its sandbox has maxWatchers.
+func (ws *watchers) add(w *watcher) (string, error) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.sweep(w.polled)
+	n := 0
+	for _, o := range ws.m {
+		if o.sandbox == w.sandbox {
+			n++
+		}
+	}
+	if n >= maxWatchers {
+		return "", connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("sandbox has %d watchers; remove one first", n))
+	}
+	b := make([]byte, 12)
+	rand.Read(b)
+	id := hex.EncodeToString(b)
+	ws.m[id] = w
+	return id, nil
+}
 
 func (f *filesystemServer) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
 	t := targetOf(ctx)
@@ -235,13 +291,12 @@ func (f *filesystemServer) CreateWatcher(ctx context.Context, req *connect.Reque
 		cancel()
 		return nil, connectError(err)
 	}
-	b := make([]byte, 12)
-	rand.Read(b)
-	id := hex.EncodeToString(b)
-	wt := &watcher{sandbox: t.id, cancel: func() { cancel(); w.Close() }}
-	f.h.watchers.mu.Lock()
-	f.h.watchers.m[id] = wt
-	f.h.watchers.mu.Unlock()
+	wt := &watcher{sandbox: t.id, cancel: func() { cancel(); w.Close() }, polled: time.Now()}
+	id, err := f.h.watchers.add(wt)
+	if err != nil {
+		wt.cancel()
+		return nil, err
+	}
 	withEntry := req.Msg.GetIncludeEntry()
 	go func() {
 		for {
@@ -265,10 +320,13 @@ func (f *filesystemServer) CreateWatcher(ctx context.Context, req *connect.Reque
 func (f *filesystemServer) watcher(ctx context.Context, id string) (*watcher, error) {
 	f.h.watchers.mu.Lock()
 	defer f.h.watchers.mu.Unlock()
+	now := time.Now()
+	f.h.watchers.sweep(now)
 	w := f.h.watchers.m[id]
 	if w == nil || w.sandbox != targetOf(ctx).id {
 		return nil, connect.NewError(connect.CodeNotFound, errors.New("watcher "+id+" not found"))
 	}
+	w.polled = now
 	return w, nil
 }
 
