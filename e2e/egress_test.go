@@ -204,6 +204,29 @@ func TestEgress(t *testing.T) {
 	} else {
 		t.Errorf("fork: %+v", fk)
 	}
+
+	// A deleted secret (a leaked token) is no longer injected into a
+	// running sandbox's requests: the proxy kept the value until the
+	// sandbox ended. Put back with a new value, it injects that one.
+	if code := s.do("DELETE", "/v1/secrets/GITHUB_TOKEN", s.key, nil, nil); code != 204 {
+		t.Fatalf("delete secret: %d", code)
+	}
+	authed := fmt.Sprintf(`curl -sS -H "Authorization: Bearer $GITHUB_TOKEN" https://%s/after-delete 2>&1`, allowed)
+	if r := s.sh(id, authed); strings.Contains(r.Stdout, "auth=valid") || strings.Contains(r.Stdout, value) {
+		t.Errorf("a deleted secret was still injected: %+v", r)
+	}
+	const rotated = "r0tated-VALUE-never-inside"
+	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
+		"name": "GITHUB_TOKEN", "value": rotated, "hosts": []string{"allowed.test"},
+		"inject": map[string]string{"header": "Authorization", "format": "Bearer {value}"},
+	}, nil); code != 201 {
+		t.Fatalf("put the secret back: %d", code)
+	}
+	// The upstream echoes what it got (not the first value: "invalid"),
+	// and the echo comes back with the value scrubbed to the placeholder.
+	if r := s.sh(id, authed); !strings.Contains(r.Stdout, "auth=invalid:Bearer "+ph) || strings.Contains(r.Stdout, rotated) {
+		t.Errorf("the rotated value was not injected (or not scrubbed): %+v", r)
+	}
 }
 
 func runscPath(t *testing.T) string {
@@ -267,5 +290,17 @@ func TestEgressWarmClaim(t *testing.T) {
 	fromSnap := s.create(map[string]any{"snapshot": snap.ID, "network": map[string]any{"allow": []string{allowed}}, "secrets": []string{"API_TOKEN"}})
 	if r := s.sh(fromSnap, fmt.Sprintf(`curl -sS -H "Authorization: Bearer $API_TOKEN" https://%s/restored && node -e 'console.log("node ok")'`, allowed)); r.ExitCode != 0 || !strings.Contains(r.Stdout, "auth=valid") || !strings.Contains(r.Stdout, "node ok") {
 		t.Errorf("egress in a sandbox made from a files snapshot: %+v", r)
+	}
+	// A destroyed sandbox's interception CA goes with it (every sandbox
+	// ever created kept one, in memory and on disk).
+	caFile := filepath.Join(s.data, "egress", "ca", fromSnap+".ca.json")
+	if _, err := os.Stat(caFile); err != nil {
+		t.Errorf("the CA of a running sandbox with egress: %v", err)
+	}
+	if code := s.do("DELETE", "/v1/sandboxes/"+fromSnap, s.key, nil, nil); code != 204 {
+		t.Fatalf("kill: %d", code)
+	}
+	if _, err := os.Stat(caFile); !os.IsNotExist(err) {
+		t.Errorf("the CA of a destroyed sandbox is still stored: %v", err)
 	}
 }

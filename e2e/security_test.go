@@ -690,6 +690,26 @@ func TestStreamLimit(t *testing.T) {
 	if resp.StatusCode != 503 || e.Error != "unavailable" || !strings.Contains(e.Message, "streams") {
 		t.Fatalf("stream 129: %d %+v", resp.StatusCode, e)
 	}
+	// A terminal refused for want of a stream leaves no shell behind (it
+	// was started first and waited on its stdin for good).
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, "ws://"+host+"/v1/sandboxes/"+id+"/pty", &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + s.key}}})
+	if err == nil {
+		if _, _, err := ws.Read(ctx); websocket.CloseStatus(err) != websocket.StatusInternalError {
+			t.Errorf("a terminal past the streams: %v, want it closed with an error", err)
+		}
+		ws.CloseNow()
+	}
+	waitFor(t, "the refused terminal's shell to end", 30*time.Second, func() bool {
+		running := 0
+		for _, p := range s.processes(id) {
+			if p.Running {
+				running++
+			}
+		}
+		return running == 1 // sleep 600
+	})
 	conns[0].Close()
 	conns = conns[1:]
 	waitFor(t, "a stream to be let go", 10*time.Second, func() bool {

@@ -166,9 +166,11 @@ func parseNumericLabel(s string) (uint64, bool) {
 	return v, err == nil
 }
 
-// validHostname accepts LDH names (and '_') up to 253 bytes.
+// validHostname accepts LDH names (and '_') up to 253 bytes, without a
+// trailing dot: callers pass the name normalizeHost (or a rule's parse)
+// made canonical by dropping one. It does not drop one itself: then
+// "evil.com.." was valid, and as "evil.com." missed a deny of evil.com.
 func validHostname(h string) error {
-	h = strings.TrimSuffix(h, ".")
 	if h == "" || len(h) > 253 {
 		return errHost
 	}

@@ -226,10 +226,11 @@ func compileRule(r Rule, defaultPorts []int) (*rule, error) {
 		if strings.Contains(rest, "*") {
 			return nil, errdefs.InvalidArgument("egress rule %q: '*' is allowed only as the first label", r.Host)
 		}
+		rest = strings.TrimSuffix(rest, ".")
 		if err := validHostname(rest); err != nil {
 			return nil, errdefs.InvalidArgument("egress rule %q: %v", r.Host, err)
 		}
-		cr.suffix = "." + strings.TrimSuffix(rest, ".")
+		cr.suffix = "." + rest
 	case h == "*":
 		return nil, errdefs.InvalidArgument("egress rule \"*\" (every public destination) must be the allow list's only entry")
 	case strings.Contains(h, "*"):
@@ -243,10 +244,11 @@ func compileRule(r Rule, defaultPorts []int) (*rule, error) {
 		if _, lit := parseIPLiteral(h); lit {
 			return nil, errdefs.InvalidArgument("egress rule %q: write addresses as dotted quads or CIDRs", r.Host)
 		}
+		h = strings.TrimSuffix(h, ".")
 		if err := validHostname(h); err != nil {
 			return nil, errdefs.InvalidArgument("egress rule %q: %v", r.Host, err)
 		}
-		cr.exact = strings.TrimSuffix(h, ".")
+		cr.exact = h
 	}
 	return cr, nil
 }

@@ -96,6 +96,14 @@ func TestPolicyDecisions(t *testing.T) {
 	check("*.example.com", "bad.example.com", "good.example.com", 443, true, "")
 	check("*", "bad.example.com", "bad.example.com", 8080, false, ReasonDenyRule)
 	check("*", "198.51.100.0/24", "denied-ip.com", 443, false, ReasonDenyRule)
+	// One trailing dot is the same name; two are no name (as
+	// "bad.example.com." it missed the deny and was resolved).
+	check("*", "bad.example.com", "bad.example.com.", 443, false, ReasonDenyRule)
+	check("*", "*.example.com", "bad.example.com.", 443, false, ReasonDenyRule)
+	check("*", "bad.example.com", "bad.example.com..", 443, false, ReasonInvalidHost)
+	check("*", "*.example.com", "bad.example.com..", 443, false, ReasonInvalidHost)
+	check("bad.example.com.", "", "bad.example.com", 443, true, "")
+	check("*.example.com.", "", "x.example.com", 443, true, "")
 	// Public: any name, any port; private still refused.
 	check("*", "", "anything.example", 5432, true, "")
 	check("", "", "anything.example", 443, false, ReasonNotAllowed)

@@ -81,6 +81,8 @@ type Config struct {
 // AuditReader is implemented by sinks that can answer queries (Ring).
 type AuditReader interface {
 	Records(sandboxID string, limit int) []Record
+	// Forget drops a sandbox's records.
+	Forget(sandboxID string)
 }
 
 // Proxy is the host side of sandbox egress. Safe for concurrent use.
@@ -238,6 +240,22 @@ func (p *Proxy) CAFor(sandboxID string) ([]byte, error) {
 		return nil, err
 	}
 	return ca.CertPEM(), nil
+}
+
+// DropCA removes a destroyed sandbox's interception CA (from memory and,
+// with a directory, its file): a new sandbox, a fork's child or one made
+// from its checkpoint, gets a CA of its own. Kept, every sandbox ever
+// created held a CA and its leaf cache in the server for good.
+func (p *Proxy) DropCA(sandboxID string) error {
+	return p.cfg.CAs.Delete(sandboxID)
+}
+
+// ForgetRecords drops a sandbox's audit records from a queryable sink
+// (when its record is forgotten: they are read until then).
+func (p *Proxy) ForgetRecords(sandboxID string) {
+	if r, ok := p.cfg.Audit.(AuditReader); ok {
+		r.Forget(sandboxID)
+	}
 }
 
 // Records returns the sandbox's newest audit records when the sink can be

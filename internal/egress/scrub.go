@@ -50,6 +50,18 @@ func newScrubber(secrets []*boundSecret, host string) *scrubber {
 		if ba := b.secret.Inject.BasicAuth; ba != nil {
 			add(base64.StdEncoding.EncodeToString([]byte(ba.User+":"+v)), base64.StdEncoding.EncodeToString([]byte(ba.User+":"+b.placeholder)))
 		}
+		// The value inside any base64 text, at each of the three byte
+		// alignments it can start at: a basic-auth credential whose user
+		// (and text around the placeholder) the sandbox chose, echoed back,
+		// carried it where the forms above did not match.
+		// At least 8 characters (6 bytes of the value), so that random
+		// base64 (an image in a JSON body) does not match by chance.
+		vs, ps := base64Inner(v), base64Inner(b.placeholder)
+		for i := range vs {
+			if len(vs[i]) >= 8 {
+				add(vs[i], ps[i])
+			}
+		}
 		if f := b.secret.Inject.Format; f != "" {
 			add(strings.ReplaceAll(f, "{value}", v), strings.ReplaceAll(f, "{value}", b.placeholder))
 		}
@@ -67,6 +79,27 @@ func newScrubber(secrets []*boundSecret, host string) *scrubber {
 		sc.max = max(sc.max, len(p.needle))
 	}
 	return sc
+}
+
+// base64Inner returns, for each alignment o (0, 1, 2: the number of bytes
+// before v in its 3-byte group), the part of any standard base64 text
+// holding v at that alignment that v's bytes alone decide: the whole
+// 4-character groups v fills, without the first (shared with what
+// precedes it) and the last (shared with what follows). Empty where v is
+// too short to fill one.
+func base64Inner(v string) [3]string {
+	var out [3]string
+	for o := range 3 {
+		enc := base64.StdEncoding.EncodeToString(append(make([]byte, o), v...))
+		start := 0
+		if o > 0 {
+			start = 4
+		}
+		if end := (o + len(v)) / 3 * 4; end > start {
+			out[o] = enc[start:end]
+		}
+	}
+	return out
 }
 
 // prepare asks the upstream for a body the scrubber can read.

@@ -72,6 +72,9 @@ func (a *API) pty(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 
 	ev, err := a.svc.Events(ctx, c, id, pid, 1, true)
 	if err != nil {
+		// Nobody will ever read or end this terminal (a login shell
+		// waits on its stdin for good): it goes with the refusal.
+		_ = a.svc.Signal(context.WithoutCancel(ctx), c, id, pid, "SIGKILL")
 		conn.Close(websocket.StatusInternalError, "events: "+err.Error())
 		return
 	}

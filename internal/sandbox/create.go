@@ -250,7 +250,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		if undo != nil {
 			cause = leftBehind(cause, undo())
 		}
-		s.forgetNetwork(sb.ID)
+		s.dropNetwork(sb.ID)
 		s.dropFailed(context.WithoutCancel(ctx), sb.ID, []string{StateCreating}, cause)
 		log.Warn("create failed", "err", cause)
 		s.metrics.CreateErrors.Inc()

@@ -147,6 +147,11 @@ func (s *Service) materialize(ctx context.Context, c Caller, sid string) (string
 // restoreSandbox starts a new sandbox from a checkpoint image of parent,
 // with parent's configuration unless req overrides it.
 func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.Sandbox, image string, req CreateRequest) (store.Sandbox, error) {
+	// A restore must finish or roll back even if its client goes away (a
+	// cancelled context failed the rollback's destroy and record update,
+	// leaving a running instance behind a "creating" record).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
 	start := s.now()
 	d := s.drivers[parent.Driver]
 	r, ok := d.(driver.Restorer)
@@ -198,7 +203,7 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 		if inst != nil {
 			err = leftBehind(err, inst.Destroy(ctx))
 		}
-		s.forgetNetwork(sb.ID)
+		s.dropNetwork(sb.ID)
 		s.dropFailed(ctx, sb.ID, []string{StateCreating}, err)
 		return store.Sandbox{}, err
 	}

@@ -90,14 +90,8 @@ func TestAutoSnapshotWaitsAfterUnchanged(t *testing.T) {
 // longer panics on the missing parent's nil env. A checkpoint without the
 // record of its machine (taken by an older server) is refused.
 func TestRestoreCheckpointOfGoneSandbox(t *testing.T) {
-	svc, st, _ := realService(t)
+	svc, st, cs := snapService(t)
 	ctx := context.Background()
-	cs, err := snapshot.New(filepath.Join(t.TempDir(), "snapshots"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	svc.SetSnapshots(Snapshots{Store: cs, Interval: -1, Retention: snapshot.DefaultPolicy()})
 	c := Caller{Team: "t"}
 	sb, err := svc.Create(ctx, c, CreateRequest{MemoryMB: 384, Env: map[string]string{"FROM": "parent"}})
 	if err != nil {
@@ -138,5 +132,58 @@ func TestRestoreCheckpointOfGoneSandbox(t *testing.T) {
 	}
 	if _, err := svc.Create(ctx, c, CreateRequest{Snapshot: old.ID}); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("create from a checkpoint without its machine: %v, want unavailable", err)
+	}
+}
+
+// snapService is realService with snapshots on (no automatic ones).
+func snapService(t *testing.T) (*Service, *store.Store, *snapshot.Store) {
+	t.Helper()
+	svc, st, _ := realService(t)
+	cs, err := snapshot.New(filepath.Join(t.TempDir(), "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	svc.SetSnapshots(Snapshots{Store: cs, Interval: -1, Retention: snapshot.DefaultPolicy()})
+	return svc, st, cs
+}
+
+// TestRestoreFinishesWithoutItsClient: a restore from a checkpoint whose
+// request context ends (the client went away) still finishes, as a create
+// does: it ran on the request's context, and the cancellation failed it
+// half way with a rollback that could neither destroy the restored
+// instance nor update its record.
+func TestRestoreFinishesWithoutItsClient(t *testing.T) {
+	svc, st, _ := snapService(t)
+	ctx := context.Background()
+	c := Caller{Team: "t"}
+	sb, err := svc.Create(ctx, c, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn, err := svc.Snapshot(ctx, c, sb.ID, SnapshotRequest{Kind: KindCheckpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	image, _, err := svc.materialize(ctx, c, sn.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(image)
+	parent, err := st.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	got, err := svc.restoreSandbox(gone, c, parent, image, CreateRequest{})
+	if err != nil {
+		t.Fatalf("restore with its client gone: %v", err)
+	}
+	if got.State != StateRunning {
+		t.Errorf("restored sandbox is %s", got.State)
+	}
+	if code := exitCode(t, svc, got.ID, "true"); code != 0 {
+		t.Errorf("exec in the restored sandbox: exit %d", code)
 	}
 }

@@ -300,3 +300,47 @@ func TestSnapshotPinnedWhileRead(t *testing.T) {
 		t.Errorf("pins left: %v", svc.pins)
 	}
 }
+
+// TestListFilterBounds: a list's filters are validated: a state named many
+// times is one filter (40,000 of them overran SQLite's variable limit, a
+// 500), and more metadata filters than a sandbox can hold entries, or a
+// key no sandbox can have, are a 400 (a thousand overran SQLite's
+// expression depth).
+func TestListFilterBounds(t *testing.T) {
+	ctx := context.Background()
+	st, _, svc := historyService(t)
+	if err := st.CreateSandbox(ctx, store.Sandbox{ID: "sb-one", Team: "t", State: StateRunning, Metadata: map[string]string{"k": "v"}}); err != nil {
+		t.Fatal(err)
+	}
+	many := make([]string, 40000)
+	for i := range many {
+		many[i] = StateRunning
+	}
+	got, _, err := svc.List(ctx, Caller{Team: "t"}, ListOptions{States: many, Metadata: map[string]string{"k": "v"}})
+	if err != nil || len(got) != 1 {
+		t.Errorf("a state given 40,000 times: %d sandboxes, %v", len(got), err)
+	}
+	meta := map[string]string{}
+	for i := range 65 {
+		meta[fmt.Sprintf("k%d", i)] = "v"
+	}
+	if _, _, err := svc.List(ctx, Caller{Team: "t"}, ListOptions{Metadata: meta}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("65 metadata filters: %v, want invalid argument", err)
+	}
+	if _, _, err := svc.List(ctx, Caller{Team: "t"}, ListOptions{Metadata: map[string]string{"bad key": "v"}}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a metadata filter on an impossible key: %v, want invalid argument", err)
+	}
+}
+
+// TestRestorePathsBounded: a restore names at most maxRestorePaths paths
+// (each is matched against every change with the sandbox's lock held).
+func TestRestorePathsBounded(t *testing.T) {
+	_, _, svc := historyService(t)
+	paths := make([]string, maxRestorePaths+1)
+	for i := range paths {
+		paths[i] = fmt.Sprintf("/home/user/f%d", i)
+	}
+	if _, err := svc.RestoreFiles(context.Background(), Caller{Team: "t"}, "sb-x", "snap-x", paths); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("%d paths: %v, want invalid argument", len(paths), err)
+	}
+}

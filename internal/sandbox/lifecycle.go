@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/spacesandbox/space/internal/agentclient"
@@ -28,11 +29,27 @@ type ListOptions struct {
 // List returns the caller's sandboxes. Without a state filter, stopped
 // sandboxes are left out.
 func (s *Service) List(ctx context.Context, c Caller, o ListOptions) ([]store.Sandbox, string, error) {
+	var states []string
 	for _, st := range o.States {
 		switch st {
 		case StateCreating, StateRunning, StatePaused, StateStopping, StateStopped, StateError:
 		default:
 			return nil, "", errdefs.InvalidArgument("state: unknown state %q", st)
+		}
+		if !slices.Contains(states, st) {
+			states = append(states, st)
+		}
+	}
+	o.States = states // each once: a state repeated 33,000 times overran SQLite's variables (a 500)
+	// A sandbox has at most 64 metadata entries; a filter on more keys
+	// matches nothing, and a thousand of them overran SQLite's
+	// expression depth (a 500).
+	if len(o.Metadata) > 64 {
+		return nil, "", errdefs.InvalidArgument("metadata: at most 64 filters")
+	}
+	for k, v := range o.Metadata {
+		if !metaKeyRE.MatchString(k) || len(v) > 1024 {
+			return nil, "", errdefs.InvalidArgument("metadata: invalid filter on %q", k)
 		}
 	}
 	if len(o.States) == 0 {
@@ -57,7 +74,10 @@ func (s *Service) SetTimeout(ctx context.Context, c Caller, id string, timeoutS 
 	if sb.State != StateRunning && sb.State != StatePaused {
 		return sb, stateConflict(sb.State, "sandbox %s is %s", id, sb.State)
 	}
-	if err := s.store.SetSandboxTimeout(ctx, id, timeoutS, s.now().UTC().Add(time.Duration(timeoutS)*time.Second)); err != nil {
+	// Only while it is still running or paused: the reaper may have taken
+	// it for its old timeout since it was read (then this is a conflict,
+	// not a 200 for a timeout that will never apply).
+	if err := s.store.SetSandboxTimeout(ctx, id, []string{StateRunning, StatePaused}, timeoutS, s.now().UTC().Add(time.Duration(timeoutS)*time.Second)); err != nil {
 		return sb, err
 	}
 	return s.store.GetSandbox(ctx, id)
@@ -118,7 +138,7 @@ func (s *Service) destroy(ctx context.Context, id string, l *live, reason string
 			return errdefs.Unavailable("sandbox %s could not be destroyed; it is marked error and can be killed again", id)
 		}
 	}
-	s.forgetNetwork(id)
+	s.dropNetwork(id)
 	if err := s.store.UpdateSandboxState(ctx, id, []string{StateStopping}, StateStopped, reason); err != nil {
 		if errors.Is(err, errdefs.ErrConflict) {
 			return nil // a concurrent destroy finished first
@@ -157,7 +177,11 @@ func (s *Service) ReapOnce(ctx context.Context) {
 		s.mu.Unlock()
 		if sb.OnTimeout == "pause" && sb.State == StateRunning {
 			// A long session: park it instead of losing it. The expiry is
-			// cleared; Resume starts a new timeout period.
+			// cleared; Resume starts a new timeout period. A timeout set
+			// since the list (the pass may be long) wins.
+			if cur, err := s.store.GetSandbox(ctx, sb.ID); err != nil || !expiredAt(cur, s.now()) {
+				continue
+			}
 			s.log.Info("sandbox timed out; pausing", "sandbox", sb.ID)
 			if _, err := s.pause(ctx, Caller{Admin: true}, sb.ID, true); err != nil {
 				s.log.Error("reaper: pause", "sandbox", sb.ID, "err", err)
@@ -168,15 +192,30 @@ func (s *Service) ReapOnce(ctx context.Context) {
 			_ = s.store.ClearExpiryIfPaused(ctx, sb.ID)
 			continue
 		}
+		// Taken for its timeout only if its expiry is still past: a
+		// timeout set since the list (a client extending it as it
+		// expired, while this pass destroyed others) wins.
+		if err := s.store.ExpireSandbox(ctx, sb.ID, []string{StateCreating, StateRunning, StatePaused, StateError}, s.now().UTC(), StateStopping, "timeout"); err != nil {
+			if !errors.Is(err, errdefs.ErrConflict) && !errors.Is(err, errdefs.ErrNotFound) {
+				s.log.Error("reaper: expire", "sandbox", sb.ID, "err", err)
+			}
+			continue
+		}
 		s.log.Info("sandbox timed out", "sandbox", sb.ID)
 		if err := s.destroy(ctx, sb.ID, l, "timeout"); err != nil {
 			s.log.Error("reaper: destroy", "sandbox", sb.ID, "err", err)
 		}
 	}
-	if n, err := s.store.DeleteStoppedBefore(ctx, s.now().UTC().Add(-s.cfg.StoppedRetention)); err != nil {
+	if ids, err := s.store.DeleteStoppedBefore(ctx, s.now().UTC().Add(-s.cfg.StoppedRetention)); err != nil {
 		s.log.Error("reaper: forget stopped", "err", err)
-	} else if n > 0 {
-		s.log.Info("forgot stopped sandboxes", "count", n)
+	} else if len(ids) > 0 {
+		if s.egress != nil {
+			// Their egress audit was readable while their records were.
+			for _, id := range ids {
+				s.egress.Proxy.ForgetRecords(id)
+			}
+		}
+		s.log.Info("forgot stopped sandboxes", "count", len(ids))
 	}
 }
 
@@ -307,4 +346,9 @@ func (s *Service) Shutdown() {
 // Counts returns the number of sandboxes per state (for metrics).
 func (s *Service) Counts(ctx context.Context) (map[string]int, error) {
 	return s.store.CountSandboxesByState(ctx)
+}
+
+// expiredAt reports whether sb's expiry is set and past at now.
+func expiredAt(sb store.Sandbox, now time.Time) bool {
+	return !sb.ExpiresAt.IsZero() && !sb.ExpiresAt.After(now)
 }

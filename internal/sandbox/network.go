@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -117,6 +118,7 @@ func (s *Service) PutSecret(ctx context.Context, c Caller, req SecretRequest) (s
 		return m, err
 	}
 	s.log.Info("secret stored", "team", c.Team, "secret", req.Name)
+	s.rebindSecret(ctx, c.Team, req.Name)
 	return m, nil
 }
 
@@ -125,8 +127,9 @@ func (s *Service) Secrets(ctx context.Context, c Caller) ([]store.SecretMeta, er
 	return s.store.ListSecretMeta(ctx, c.Team)
 }
 
-// DeleteSecret removes a secret. Sandboxes bound to it lose it for new
-// connections.
+// DeleteSecret removes a secret. Running sandboxes bound to it stop
+// getting it injected at once (their next request; an intercepted
+// connection re-reads the bindings per request).
 func (s *Service) DeleteSecret(ctx context.Context, c Caller, name string) error {
 	if s.egress == nil {
 		return errdefs.NotSupported("egress is not enabled on this server")
@@ -138,7 +141,59 @@ func (s *Service) DeleteSecret(ctx context.Context, c Caller, name string) error
 	if err != nil {
 		return err
 	}
-	return st.Delete(name)
+	if err := st.Delete(name); err != nil {
+		return err
+	}
+	s.rebindSecret(ctx, c.Team, name)
+	return nil
+}
+
+// rebindSecret gives the proxy the current bindings of every attached
+// sandbox of team whose network names secret name: a deleted secret (a
+// leaked token) is no longer injected, a replaced one injects its new
+// value for its new hosts. The proxy kept the value it was given at the
+// sandbox's start until the sandbox ended.
+func (s *Service) rebindSecret(ctx context.Context, team, name string) {
+	s.mu.Lock()
+	ids := make([]string, 0, len(s.live))
+	for id := range s.live {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	st, err := s.egress.store(team)
+	if err != nil {
+		s.log.Error("secret rebind", "team", team, "err", err)
+		return
+	}
+	for _, id := range ids {
+		sb, err := s.store.GetSandbox(ctx, id)
+		if err != nil || sb.Team != team {
+			continue
+		}
+		n, err := s.store.GetNetwork(ctx, id)
+		if err != nil || !slices.Contains(slices.Collect(maps.Values(n.Secrets)), name) {
+			continue
+		}
+		if err := s.egress.Proxy.BindSecrets(id, s.boundSecrets(st, id, n)); err != nil {
+			s.log.Error("secret rebind", "sandbox", id, "secret", name, "err", err)
+		}
+	}
+}
+
+// boundSecrets is a network record's placeholder → secret map for the
+// proxy; a secret that no longer exists is left out (its placeholder is
+// injected nowhere) rather than failing the sandbox's whole egress.
+func (s *Service) boundSecrets(st *egress.SecretStore, id string, n store.Network) map[string]egress.Secret {
+	bound := map[string]egress.Secret{}
+	for ph, name := range n.Secrets {
+		sec, err := st.Get(name)
+		if err != nil {
+			s.log.Warn("egress: a bound secret is gone; its placeholder is injected nowhere", "sandbox", id, "secret", name, "err", err)
+			continue
+		}
+		bound[ph] = sec
+	}
+	return bound
 }
 
 // bindNetwork applies a sandbox's network record to the proxy and its
@@ -168,14 +223,9 @@ func (s *Service) bindNetwork(ctx context.Context, sb store.Sandbox, n store.Net
 			return nil, err
 		}
 	}
-	bound := map[string]egress.Secret{}
+	bound := s.boundSecrets(st, sb.ID, n)
 	env := map[string]string{}
 	for ph, name := range n.Secrets {
-		sec, err := st.Get(name)
-		if err != nil {
-			return nil, fmt.Errorf("secret %s: %w", name, err)
-		}
-		bound[ph] = sec
 		env[name] = ph
 	}
 	if err := e.Proxy.SetPolicy(sb.ID, pol); err != nil {
@@ -278,6 +328,9 @@ func (s *Service) SetNetwork(ctx context.Context, c Caller, id string, spec Netw
 	if err != nil {
 		return spec, err
 	}
+	// It must finish or be undone even if its client goes away.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
 	n, err := s.store.GetNetwork(ctx, id)
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return spec, err
@@ -295,8 +348,17 @@ func (s *Service) SetNetwork(ctx context.Context, c Caller, id string, spec Netw
 		return spec, s.egress.Proxy.SetPolicy(id, pol)
 	}
 	// First policy of a sandbox created without network: open its
-	// endpoint now.
-	return spec, s.initAgent(ctx, sb, l.agent, agentproto.InitRequest{}, false)
+	// endpoint now. If the agent does not take it, the record goes again:
+	// kept, a retry would find it and only change the proxy's policy,
+	// and the sandbox would never get its endpoint, CA and proxy env.
+	if err := s.initAgent(ctx, sb, l.agent, agentproto.InitRequest{}, false); err != nil {
+		s.forgetNetwork(id)
+		if derr := s.store.DeleteNetwork(ctx, id); derr != nil {
+			s.log.Error("set network: undo the record", "sandbox", id, "err", derr)
+		}
+		return spec, err
+	}
+	return spec, nil
 }
 
 // Network returns a sandbox's policy.
@@ -338,6 +400,18 @@ func (s *Service) forgetNetwork(id string) {
 		return
 	}
 	s.egress.Proxy.RemoveSandbox(id)
+}
+
+// dropNetwork is forgetNetwork for a sandbox that is gone for good
+// (destroyed, or a create that failed): its interception CA goes too.
+func (s *Service) dropNetwork(id string) {
+	if s.egress == nil {
+		return
+	}
+	s.egress.Proxy.RemoveSandbox(id)
+	if err := s.egress.Proxy.DropCA(id); err != nil {
+		s.log.Warn("egress: drop the CA of a destroyed sandbox", "sandbox", id, "err", err)
+	}
 }
 
 // validateNetwork checks a create's network part: the policy parses and

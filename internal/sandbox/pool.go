@@ -659,7 +659,7 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 	sb.PublicPorts, sb.AutoResume = want.PublicPorts, want.AutoResume
 	sb.State = StateRunning
 	fail := func(err error) (store.Sandbox, error) {
-		s.forgetNetwork(sb.ID)
+		s.dropNetwork(sb.ID)
 		s.discardWarm(w)
 		return store.Sandbox{}, err
 	}

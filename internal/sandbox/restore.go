@@ -24,6 +24,9 @@ type RestoreResult struct {
 	Removed []string `json:"removed"`
 }
 
+// maxRestorePaths bounds the paths of one restore.
+const maxRestorePaths = 1000
+
 // RestoreFiles brings the chosen paths (every path when paths is empty)
 // of a running sandbox back to how they were in snapshot sid: files and
 // directories that differ are rewritten, ones that did not exist then are
@@ -32,6 +35,11 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 	var res RestoreResult
 	if s.snaps == nil {
 		return res, errdefs.NotSupported("snapshots are not enabled on this server")
+	}
+	if len(paths) > maxRestorePaths {
+		// Each is matched against every changed path, with the
+		// sandbox's lifecycle lock held.
+		return res, errdefs.InvalidArgument("paths: at most %d (restore a common directory instead)", maxRestorePaths)
 	}
 	var sel []string
 	for _, p := range paths {

@@ -7,29 +7,72 @@ import (
 	"time"
 )
 
-// SetSandboxTimeout sets sandbox id's timeout and its new expiry.
-// Errors: errdefs.ErrNotFound.
-func (s *Store) SetSandboxTimeout(ctx context.Context, id string, timeoutS int, expiresAt time.Time) error {
-	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET timeout_s = ?, expires_at = ?, updated_at = ? WHERE id = ?`,
-		timeoutS, toNanos(expiresAt), toNanos(time.Now()), id)
+// SetSandboxTimeout sets sandbox id's timeout and its new expiry if it is
+// in one of states. Errors: errdefs.ErrNotFound, errdefs.ErrConflict (in
+// another state).
+func (s *Store) SetSandboxTimeout(ctx context.Context, id string, states []string, timeoutS int, expiresAt time.Time) error {
+	args := []any{timeoutS, toNanos(expiresAt), toNanos(time.Now()), id}
+	for _, st := range states {
+		args = append(args, st)
+	}
+	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET timeout_s = ?, expires_at = ?, updated_at = ?
+		WHERE id = ? AND state IN (`+placeholders(len(states))+`)`, args...)
 	if err != nil {
 		return fmt.Errorf("store: set timeout of %s: %w", id, err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return errdefs.NotFound("sandbox %s not found", id)
+		// Gone, or no longer running or paused (the reaper took it for
+		// its timeout meanwhile): a new timeout would not apply.
+		var state string
+		if err := s.r.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE id = ?`, id).Scan(&state); err != nil {
+			return errdefs.NotFound("sandbox %s not found", id)
+		}
+		return errdefs.Conflict("sandbox is %s", state)
+	}
+	return nil
+}
+
+// ExpireSandbox moves a sandbox whose expiry has passed at now from one of
+// states to to, with reason. Errors: errdefs.ErrConflict when it is in
+// another state or its expiry is not past (a timeout set since the
+// reaper listed it), errdefs.ErrNotFound.
+func (s *Store) ExpireSandbox(ctx context.Context, id string, states []string, now time.Time, to, reason string) error {
+	args := []any{to, reason, toNanos(time.Now()), id, toNanos(now)}
+	for _, st := range states {
+		args = append(args, st)
+	}
+	res, err := s.w.ExecContext(ctx, `UPDATE sandboxes SET state = ?, reason = ?, updated_at = ?
+		WHERE id = ? AND expires_at > 0 AND expires_at <= ? AND state IN (`+placeholders(len(states))+`)`, args...)
+	if err != nil {
+		return fmt.Errorf("store: expire sandbox %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errdefs.Conflict("sandbox %s is not expired in state %v", id, states)
 	}
 	return nil
 }
 
 // DeleteStoppedBefore forgets sandboxes that stopped before t and returns
-// how many it removed.
-func (s *Store) DeleteStoppedBefore(ctx context.Context, t time.Time) (int64, error) {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM sandboxes WHERE state = ? AND stopped_at IS NOT NULL AND stopped_at < ?`,
+// their ids.
+func (s *Store) DeleteStoppedBefore(ctx context.Context, t time.Time) ([]string, error) {
+	rows, err := s.w.QueryContext(ctx, `DELETE FROM sandboxes WHERE state = ? AND stopped_at IS NOT NULL AND stopped_at < ? RETURNING id`,
 		StateStopped, toNanos(t))
 	if err != nil {
-		return 0, fmt.Errorf("store: delete stopped sandboxes: %w", err)
+		return nil, fmt.Errorf("store: delete stopped sandboxes: %w", err)
 	}
-	return res.RowsAffected()
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("store: delete stopped sandboxes: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: delete stopped sandboxes: %w", err)
+	}
+	return ids, nil
 }
 
 // CountSandboxesByState returns how many sandboxes are in each state.

@@ -33,6 +33,12 @@ func (s *Store) PutNetwork(ctx context.Context, n Network) error {
 	return classify(err, "network of "+n.SandboxID)
 }
 
+// DeleteNetwork removes a sandbox's network record (none is no error).
+func (s *Store) DeleteNetwork(ctx context.Context, sandboxID string) error {
+	_, err := s.w.ExecContext(ctx, `DELETE FROM sandbox_network WHERE sandbox_id = ?`, sandboxID)
+	return classify(err, "network of "+sandboxID)
+}
+
 // GetNetwork returns a sandbox's network record. Errors:
 // errdefs.ErrNotFound when it has none (no network).
 func (s *Store) GetNetwork(ctx context.Context, sandboxID string) (Network, error) {

@@ -321,6 +321,49 @@ func TestListExpired(t *testing.T) {
 	}
 }
 
+// TestExpireSandbox: the reaper takes a sandbox for its timeout only while
+// its expiry is past and it is in a state it expires from; a timeout set
+// since (the race: a client extending it as the reaper's pass reached it)
+// keeps it; a timeout is only set on a running or paused sandbox (one the
+// reaper took is a conflict, not a 200 for a timeout that never applies).
+func TestExpireSandbox(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	now := time.Now()
+	live := []string{"running", "paused"}
+	if err := s.CreateSandbox(ctx, newSandbox("sb", "t1", "running")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetSandboxExpiry(ctx, "sb", now.Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	// The client extends it after the reaper listed it.
+	if err := s.SetSandboxTimeout(ctx, "sb", live, 600, now.Add(10*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ExpireSandbox(ctx, "sb", live, now, "stopping", "timeout"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("expire after the timeout was extended: %v, want a conflict", err)
+	}
+	if sb, _ := s.GetSandbox(ctx, "sb"); sb.State != "running" {
+		t.Errorf("state %s after the refused expiry", sb.State)
+	}
+	if err := s.ExpireSandbox(ctx, "sb", []string{"paused"}, now.Add(time.Hour), "stopping", "timeout"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("expire from a state it is not in: %v, want a conflict", err)
+	}
+	if err := s.ExpireSandbox(ctx, "sb", live, now.Add(time.Hour), "stopping", "timeout"); err != nil {
+		t.Fatalf("expire once the expiry passed: %v", err)
+	}
+	if sb, _ := s.GetSandbox(ctx, "sb"); sb.State != "stopping" || sb.Reason != "timeout" {
+		t.Errorf("after the expiry: %s %q", sb.State, sb.Reason)
+	}
+	if err := s.SetSandboxTimeout(ctx, "sb", live, 600, now.Add(time.Hour)); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("a timeout on a stopping sandbox: %v, want a conflict", err)
+	}
+	if err := s.SetSandboxTimeout(ctx, "nope", live, 600, now); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a timeout on a missing sandbox: %v, want not found", err)
+	}
+}
+
 func TestTemplates(t *testing.T) {
 	ctx := t.Context()
 	s := openTest(t, "")
