@@ -191,10 +191,22 @@ type createBody struct {
 
 // networkSpec maps E2B's network options onto space's egress policy.
 // E2B's default is internet access; allow_internet_access:false without
-// an allow list means no network at all.
+// an allow list means no network at all. E2B's "deny all traffic"
+// (ALL_TRAFFIC, 0.0.0.0/0; ::/0 too) with allowOut is an allow list: in
+// E2B allowOut wins over denyOut, in space a deny wins, so kept as a deny
+// CIDR it refused the allowed hosts' IPv4 addresses, and without allowOut
+// it left every IPv6 address open in public mode.
 func networkSpec(allowInternet *bool, allowOut, denyOut []string) *sandbox.NetworkSpec {
-	spec := &sandbox.NetworkSpec{Allow: append([]string(nil), allowOut...), Deny: append([]string(nil), denyOut...)}
-	internet := allowInternet == nil || *allowInternet
+	spec := &sandbox.NetworkSpec{Allow: append([]string(nil), allowOut...)}
+	denyAll := false
+	for _, d := range denyOut {
+		if d == "0.0.0.0/0" || d == "::/0" {
+			denyAll = true
+			continue
+		}
+		spec.Deny = append(spec.Deny, d)
+	}
+	internet := (allowInternet == nil || *allowInternet) && !denyAll
 	if internet && len(spec.Allow) == 0 {
 		spec.Allow = []string{"*"}
 	}

@@ -115,6 +115,18 @@ func TestNetworkSpec(t *testing.T) {
 	if s := networkSpec(&no, []string{"example.com"}, []string{"bad.com"}); s == nil || s.Allow[0] != "example.com" || s.Deny[0] != "bad.com" {
 		t.Errorf("allow list = %+v", s)
 	}
+	// ALL_TRAFFIC denied: nothing but allowOut (an allow list, not a deny
+	// CIDR that would refuse the allowed hosts and miss IPv6).
+	if s := networkSpec(nil, nil, []string{"0.0.0.0/0"}); s != nil {
+		t.Errorf("denyOut [ALL_TRAFFIC] = %+v, want no network", s)
+	}
+	if s := networkSpec(nil, []string{"api.x.com"}, []string{"0.0.0.0/0", "::/0", "10.0.0.0/8"}); s == nil ||
+		len(s.Allow) != 1 || s.Allow[0] != "api.x.com" || len(s.Deny) != 1 || s.Deny[0] != "10.0.0.0/8" {
+		t.Errorf("allowOut with denyOut [ALL_TRAFFIC] = %+v, want the allow list", s)
+	}
+	if s := networkSpec(nil, nil, []string{"1.2.3.0/24"}); s == nil || s.Allow[0] != "*" || s.Deny[0] != "1.2.3.0/24" {
+		t.Errorf("a deny list alone = %+v, want internet without it", s)
+	}
 }
 
 // TestKernelTag: a kernel's tag names its context and is read back; other

@@ -30,6 +30,7 @@ const (
 	ReasonLeak          = "placeholder_leak" // a secret placeholder sent where it may not go
 	ReasonProtocol      = "protocol"         // malformed request or wrong protocol for the port
 	ReasonEncoded       = "encoded_response" // a secret's host answered in an encoding the proxy cannot scrub
+	ReasonConnLimit     = "connection_limit" // the sandbox has Config.MaxConns connections open
 )
 
 // Record is one audited connection attempt or request. It never holds a

@@ -76,6 +76,10 @@ type Config struct {
 	DialTimeout time.Duration
 	// ResolveTimeout bounds each lookup (default 5s).
 	ResolveTimeout time.Duration
+	// MaxConns bounds one sandbox's open connections to the proxy
+	// (default 256): each holds host sockets and goroutines, which a
+	// sandbox's own limits do not count.
+	MaxConns int
 }
 
 // AuditReader is implemented by sinks that can answer queries (Ring).
@@ -94,7 +98,7 @@ type Proxy struct {
 
 	mu    sync.RWMutex
 	sbs   map[string]*sandboxState
-	conns map[string]map[net.Conn]struct{}
+	conns map[string]map[net.Conn]context.CancelFunc
 }
 
 // sandboxState is replaced wholesale, never mutated, so readers can hold it
@@ -136,6 +140,9 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 256
+	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 2 * time.Minute
 	}
@@ -163,7 +170,7 @@ func New(cfg Config) (*Proxy, error) {
 		log:     cfg.Logger,
 		metrics: newMetrics(),
 		sbs:     map[string]*sandboxState{},
-		conns:   map[string]map[net.Conn]struct{}{},
+		conns:   map[string]map[net.Conn]context.CancelFunc{},
 	}, nil
 }
 
@@ -227,7 +234,8 @@ func (p *Proxy) RemoveSandbox(sandboxID string) {
 	conns := p.conns[sandboxID]
 	delete(p.conns, sandboxID)
 	p.mu.Unlock()
-	for c := range conns {
+	for c, cancel := range conns {
+		cancel() // its upstreams go too, even silent ones
 		c.Close()
 	}
 }
@@ -281,15 +289,21 @@ func (p *Proxy) view(sandboxID string) *sandboxState {
 	return &sandboxState{policy: denyAll}
 }
 
-func (p *Proxy) track(id string, c net.Conn) {
+// track registers a connection of sandbox id and the cancel of its
+// context; false when the sandbox has MaxConns open already.
+func (p *Proxy) track(id string, c net.Conn, cancel context.CancelFunc) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	m := p.conns[id]
 	if m == nil {
-		m = map[net.Conn]struct{}{}
+		m = map[net.Conn]context.CancelFunc{}
 		p.conns[id] = m
 	}
-	m[c] = struct{}{}
+	if len(m) >= p.cfg.MaxConns {
+		return false
+	}
+	m[c] = cancel
+	return true
 }
 
 func (p *Proxy) untrack(id string, c net.Conn) {
@@ -453,11 +467,19 @@ func (p *Proxy) decide(ctx context.Context, sandboxID, host string, port int) de
 // endpoint until the client or ctx ends it. It closes c.
 func (p *Proxy) ServeConn(ctx context.Context, sandboxID string, c net.Conn) {
 	defer c.Close()
-	p.track(sandboxID, c)
-	defer p.untrack(sandboxID, c)
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	s := &session{p: p, sb: sandboxID, c: c, br: bufio.NewReaderSize(c, 32<<10), log: p.log.With("sandbox", sandboxID)}
+	if !p.track(sandboxID, c, cancel) {
+		s.respond(c, http.StatusServiceUnavailable, ReasonConnLimit, fmt.Sprintf("space egress: %d connections open from this sandbox, the most at once", p.cfg.MaxConns))
+		return
+	}
+	defer p.untrack(sandboxID, c)
+	// The connection's end (its client's, the sandbox's removal, ctx)
+	// closes every upstream it opened: a silent upstream held a socket
+	// and two goroutines for good, past the sandbox's end.
+	stop := context.AfterFunc(ctx, func() { c.Close(); s.closeAllUpstreams() })
+	defer stop()
 	defer s.closeUpstream()
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(p.cfg.IdleTimeout))
@@ -501,12 +523,34 @@ type session struct {
 	upIP  netip.Addr
 
 	audited *Record // the last record audited
+
+	upsMu sync.Mutex
+	ups   []net.Conn // every upstream opened, for closeAllUpstreams
 }
 
 func (s *session) closeUpstream() {
 	if s.up != nil {
 		s.up.Close()
 		s.up, s.upbr, s.upKey = nil, nil, ""
+	}
+}
+
+// opened registers an upstream of the session, closed with it.
+func (s *session) opened(c net.Conn) {
+	s.upsMu.Lock()
+	s.ups = append(s.ups, c)
+	s.upsMu.Unlock()
+}
+
+// closeAllUpstreams closes every upstream the session opened (from any
+// goroutine: it reads no field the session's own goroutine writes).
+func (s *session) closeAllUpstreams() {
+	s.upsMu.Lock()
+	ups := s.ups
+	s.ups = nil
+	s.upsMu.Unlock()
+	for _, u := range ups {
+		u.Close()
 	}
 }
 
@@ -571,6 +615,7 @@ func (s *session) dial(ctx context.Context, addrs []netip.Addr, port int) (*coun
 		c, err := s.p.cfg.Dialer.DialContext(dctx, "tcp", netip.AddrPortFrom(a, uint16(port)).String())
 		cancel()
 		if err == nil {
+			s.opened(c)
 			return &countConn{Conn: c}, a, nil
 		}
 		last = err

@@ -770,3 +770,118 @@ func TestPeekHeadDripped(t *testing.T) {
 		t.Errorf("a head past the buffer: %v", err)
 	}
 }
+
+// TestConnLimitAndSilentUpstreams: a sandbox has at most MaxConns
+// connections to the proxy (the next is a 503 naming the limit), and its
+// removal (the sandbox's end) closes the upstreams of its tunnels and
+// plain requests, also silent ones that never answer: they held a host
+// socket and two goroutines for good, past the sandbox's end.
+func TestConnLimitAndSilentUpstreams(t *testing.T) {
+	ups := &closeRecorder{}
+	e := newEnv(t, func(c *Config) { c.MaxConns = 3; c.Dialer = ups })
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			go io.Copy(io.Discard, c) // never writes, never closes first
+		}
+	}()
+	port := silent.Addr().(*net.TCPAddr).Port
+	e.allow(t, fmt.Sprintf("allowed.test:%d", port), "")
+	dial := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", e.proxyAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// A tunnel, the client half-closing its side (the upstream stays
+	// silent), and a plain request waiting for an answer.
+	tun := dial()
+	fmt.Fprintf(tun, "CONNECT allowed.test:%d HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n", port, port)
+	if resp, err := http.ReadResponse(bufio.NewReader(tun), nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	tun.Write([]byte("hello"))
+	tun.(*net.TCPConn).CloseWrite()
+	req := dial()
+	fmt.Fprintf(req, "GET http://allowed.test:%d/ HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n", port, port)
+	idle := dial() // a third connection, waiting for its request
+	_ = idle
+	var limited *http.Response
+	for range 50 {
+		c := dial()
+		c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err == nil && resp.StatusCode == http.StatusServiceUnavailable {
+			limited = resp
+			break
+		}
+		c.Close() // not refused: the three before are not all in yet
+	}
+	if limited == nil || limited.Header.Get("X-Space-Egress") != ReasonConnLimit {
+		t.Fatalf("a connection past MaxConns: %+v", limited)
+	}
+	waitCond(t, "both upstreams dialled", func() bool { n, _ := ups.counts(); return n == 2 })
+	e.p.RemoveSandbox(testSandbox)
+	waitCond(t, "the silent upstreams to be closed after the sandbox's removal", func() bool { n, closed := ups.counts(); return closed == n })
+}
+
+// closeRecorder dials like net.Dialer and counts the connections it made
+// and those closed.
+type closeRecorder struct {
+	mu            sync.Mutex
+	dialed, ended int
+}
+
+func (r *closeRecorder) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.dialed++
+	r.mu.Unlock()
+	return &recordedConn{Conn: c, r: r}, nil
+}
+
+func (r *closeRecorder) counts() (dialed, closed int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.dialed, r.ended
+}
+
+type recordedConn struct {
+	net.Conn
+	r    *closeRecorder
+	once sync.Once
+}
+
+func (c *recordedConn) Close() error {
+	c.once.Do(func() { c.r.mu.Lock(); c.r.ended++; c.r.mu.Unlock() })
+	return c.Conn.Close()
+}
+
+func (c *recordedConn) CloseWrite() error { return c.Conn.(*net.TCPConn).CloseWrite() }
+
+func waitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

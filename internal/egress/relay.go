@@ -132,13 +132,16 @@ type bufConn struct {
 func (b *bufConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 
 // pipe copies both ways until both directions end, half-closing where the
-// connection allows and closing both where it does not.
+// connection allows and closing both where it does not. A direction that
+// ends in an error (a reset, a closed connection: not a clean EOF) ends
+// both: half-closed, a silent other side held its socket and goroutine
+// for good.
 func pipe(a net.Conn, ar io.Reader, b net.Conn, br io.Reader) {
 	var wg sync.WaitGroup
 	cp := func(dst net.Conn, src io.Reader) {
 		defer wg.Done()
-		_, _ = io.Copy(dst, src)
-		if cw, ok := dst.(closeWriter); !ok || cw.CloseWrite() != nil {
+		_, err := io.Copy(dst, src)
+		if cw, ok := dst.(closeWriter); err != nil || !ok || cw.CloseWrite() != nil {
 			a.Close()
 			b.Close()
 		}
