@@ -226,7 +226,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	// over when there is one: only the identity remains to be given.
 	if p := s.poolSet().get(shapeOf(sb)); p != nil {
 		if w := p.take(); w != nil {
-			out, err := s.claim(ctx, c, sb, req, w, quota)
+			out, err := s.claim(ctx, c, sb, req, p, w, quota)
 			if errorsIs(err, errdefs.ErrQuotaExceeded) {
 				return out, err // lost a race for the team's last place
 			}

@@ -187,3 +187,49 @@ func TestRestoreFinishesWithoutItsClient(t *testing.T) {
 		t.Errorf("exec in the restored sandbox: exit %d", code)
 	}
 }
+
+// TestSnapshotQuotaConcurrent: a team with a snapshot quota takes its
+// snapshots one at a time, so of two taken at once by two sandboxes, each
+// writing more than the quota, only the first is taken (the one that
+// crosses the quota, whole) and the second is refused; both passed the
+// check, which counts ready snapshots only.
+func TestSnapshotQuotaConcurrent(t *testing.T) {
+	svc, _, _ := snapService(t)
+	ctx := context.Background()
+	c := Caller{Team: "t"}
+	if err := svc.SetQuota(ctx, Caller{Admin: true}, "t", store.Quota{MaxSnapshotMB: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for range 2 {
+		sb, err := svc.Create(ctx, c, CreateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := exitCode(t, svc, sb.ID, "/bin/sh", "-c", "head -c 3000000 /dev/urandom > /home/user/big"); code != 0 {
+			t.Fatalf("write: exit %d", code)
+		}
+		ids = append(ids, sb.ID)
+	}
+	errs := make(chan error, 2)
+	for _, id := range ids {
+		go func() {
+			_, err := svc.Snapshot(ctx, c, id, SnapshotRequest{Kind: KindFiles})
+			errs <- err
+		}()
+	}
+	var ok, refused int
+	for range 2 {
+		switch err := <-errs; {
+		case err == nil:
+			ok++
+		case errors.Is(err, errdefs.ErrQuotaExceeded):
+			refused++
+		default:
+			t.Fatalf("snapshot: %v", err)
+		}
+	}
+	if ok != 1 || refused != 1 {
+		t.Errorf("two snapshots at once past a 1 MiB quota: %d taken, %d refused; want 1 and 1", ok, refused)
+	}
+}

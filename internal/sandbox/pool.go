@@ -366,6 +366,31 @@ func (p *pool) take() *warm {
 	}
 }
 
+// giveBack returns a warm sandbox a claim took but did not change to the
+// pool; it is destroyed when the pool is full again, and a pool retired
+// meanwhile (its drain may have run before w came back) is drained again.
+func (p *pool) giveBack(w *warm) {
+	p.watchWarm(w)
+	select {
+	case p.ready <- w:
+	default:
+		p.s.discardWarm(w)
+		return
+	}
+	select {
+	case <-p.done:
+		for {
+			select {
+			case w := <-p.ready:
+				p.s.discardWarm(w)
+			default:
+				return
+			}
+		}
+	default:
+	}
+}
+
 // watchWarm marks w dead when its instance stops while it waits in the
 // pool (the host's OOM killer, a crash): take skips it and fill takes it
 // out and boots a replacement, so a create never gets a sandbox that is
@@ -649,8 +674,10 @@ func (s *Service) discardWarm(w *warm) {
 // (confirmIdentity).
 //
 // On failure before the answer the warm sandbox is destroyed, never put
-// back.
-func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req CreateRequest, w *warm, quota store.Quota) (store.Sandbox, error) {
+// back; except when the team's quota refused the claim (the record is
+// still pooled and the guest got nothing): then it goes back to p, or a
+// team at its quota could empty every pool with a burst of creates.
+func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req CreateRequest, p *pool, w *warm, quota store.Quota) (store.Sandbox, error) {
 	sb := w.sb
 	sb.Team, sb.Env, sb.Metadata = want.Team, want.Env, want.Metadata
 	sb.TimeoutS, sb.OnTimeout = want.TimeoutS, want.OnTimeout
@@ -673,7 +700,16 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 		}
 	}
 	if err := s.store.ClaimSandboxWithin(ctx, sb, quota); err != nil {
-		return fail(err)
+		if !errorsIs(err, errdefs.ErrQuotaExceeded) {
+			return fail(err)
+		}
+		if network {
+			if derr := s.store.DeleteNetwork(context.WithoutCancel(ctx), sb.ID); derr != nil {
+				return fail(err) // its policy record must not follow it back
+			}
+		}
+		p.giveBack(w)
+		return store.Sandbox{}, err
 	}
 	init := claimInit(w, req)
 	init.SandboxID, init.Env = sb.ID, maps.Clone(sb.Env)

@@ -31,6 +31,11 @@ type QuotaView struct {
 type quotaCache struct {
 	mu sync.Mutex
 	m  map[string]*store.Quota // nil value: the team has none of its own
+	// gen counts each team's changes (forgetQuota): a value read from the
+	// store is cached only if no change came between the read and the
+	// caching, or a quota tightened meanwhile was lost until the next
+	// change.
+	gen map[string]uint64
 }
 
 // Quota returns the quota that applies to team: its own, else the
@@ -38,6 +43,7 @@ type quotaCache struct {
 func (s *Service) Quota(ctx context.Context, team string) (store.Quota, bool, error) {
 	s.quotas.mu.Lock()
 	q, ok := s.quotas.m[team]
+	gen := s.quotas.gen[team]
 	s.quotas.mu.Unlock()
 	if !ok {
 		own, err := s.store.GetQuota(ctx, team)
@@ -52,7 +58,9 @@ func (s *Service) Quota(ctx context.Context, team string) (store.Quota, bool, er
 		if s.quotas.m == nil {
 			s.quotas.m = map[string]*store.Quota{}
 		}
-		s.quotas.m[team] = q
+		if s.quotas.gen[team] == gen {
+			s.quotas.m[team] = q
+		}
 		s.quotas.mu.Unlock()
 	}
 	if q == nil {
@@ -82,6 +90,10 @@ func (s *Service) DeleteQuota(ctx context.Context, c Caller, team string) error 
 func (s *Service) forgetQuota(team string) {
 	s.quotas.mu.Lock()
 	delete(s.quotas.m, team)
+	if s.quotas.gen == nil {
+		s.quotas.gen = map[string]uint64{}
+	}
+	s.quotas.gen[team]++
 	s.quotas.mu.Unlock()
 }
 

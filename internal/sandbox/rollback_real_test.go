@@ -7,9 +7,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store"
 )
 
 // flakyDriver is the real gVisor driver with failures injected: the next
@@ -100,5 +102,59 @@ func TestCreateRollbackKeepsWhatItCannotDestroy(t *testing.T) {
 	list, _, _ = svc.List(ctx, c, ListOptions{States: []string{StateCreating, StateRunning, StateError}})
 	if len(list) != 0 {
 		t.Errorf("sandboxes after a failed create that rolled back: %+v", list)
+	}
+}
+
+// TestClaimOverQuotaGivesWarmBack: a claim that loses its team's quota race
+// (creates that all passed the advisory check, one place left) gives the
+// warm sandbox back to its pool, untouched and still the next claim's;
+// it was destroyed, so a team at its quota could empty every pool (and
+// keep all teams on cold creates) with bursts of creates.
+func TestClaimOverQuotaGivesWarmBack(t *testing.T) {
+	svc, st, tpl := realService(t)
+	ctx := context.Background()
+	svc.StartPool(ctx, tpl, PoolConfig{Template: "base", Size: 1})
+	waitUntil(t, "the pool to fill", func() bool { return svc.PoolReady()["base"] == 1 })
+	c := Caller{Team: "t"}
+	if _, err := svc.Create(ctx, c, CreateRequest{}); err != nil { // the team's one place
+		t.Fatal(err)
+	}
+	waitUntil(t, "the pool to refill", func() bool { return svc.PoolReady()["base"] == 1 })
+	var p *pool
+	for _, q := range svc.poolSet().byKey {
+		p = q
+	}
+	w := p.take()
+	if w == nil {
+		t.Fatal("no warm sandbox to take")
+	}
+	now := svc.now().UTC()
+	want := store.Sandbox{Team: "t", Env: map[string]string{}, Metadata: map[string]string{}, TimeoutS: 300, OnTimeout: "kill", CreatedAt: now, ExpiresAt: now.Add(5 * time.Minute)}
+	if _, err := svc.claim(ctx, c, want, CreateRequest{Network: &NetworkSpec{Allow: []string{"example.com"}}}, p, w, store.Quota{MaxSandboxes: 1}); !errors.Is(err, errdefs.ErrQuotaExceeded) {
+		t.Fatalf("a claim past the quota: %v", err)
+	}
+	if got := pooledIDs(t, st); got[w.sb.ID] == "" {
+		t.Fatalf("pooled after the refused claim: %v, want %s back", got, w.sb.ID)
+	}
+	if _, err := st.GetNetwork(ctx, w.sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the refused claim's network record stayed: %v", err)
+	}
+	// The take made the pool refill meanwhile: the given-back sandbox
+	// waits behind the refill and is one of the next two claims.
+	var got []string
+	for range 2 {
+		sb, err := svc.Create(ctx, c, CreateRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, sb.ID)
+		if sb.ID == w.sb.ID {
+			if code := exitCode(t, svc, sb.ID, "true"); code != 0 {
+				t.Errorf("exec in the given-back sandbox: exit %d", code)
+			}
+		}
+	}
+	if got[0] != w.sb.ID && got[1] != w.sb.ID {
+		t.Errorf("the next creates got %v, not the warm sandbox given back (%s)", got, w.sb.ID)
 	}
 }

@@ -17,6 +17,36 @@ import (
 type snapUsage struct {
 	mu    sync.Mutex
 	teams map[string]*teamChunks
+	// taking serialises the snapshots of each team with a snapshot quota
+	// (teamSnapshotLock).
+	taking map[string]*sync.Mutex
+}
+
+// teamSnapshotLock returns the lock a team with a snapshot quota holds
+// while it takes a snapshot, from its room check to its record: the check
+// counts ready snapshots only, so twenty taken at once all passed it at
+// 1000 of 1024 MiB; one at a time, only the one that crosses the quota is
+// taken whole, as documented. Teams without a snapshot quota take theirs
+// concurrently (nil).
+func (s *Service) teamSnapshotLock(ctx context.Context, team string) *sync.Mutex {
+	if s.snaps == nil {
+		return nil
+	}
+	if q, _, err := s.Quota(ctx, team); err != nil || q.MaxSnapshotMB <= 0 {
+		return nil
+	}
+	u := &s.snapUse
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.taking == nil {
+		u.taking = map[string]*sync.Mutex{}
+	}
+	m := u.taking[team]
+	if m == nil {
+		m = &sync.Mutex{}
+		u.taking[team] = m
+	}
+	return m
 }
 
 type teamChunks struct {

@@ -114,6 +114,10 @@ func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name
 			return store.Snapshot{}, err
 		}
 	}
+	if m := s.teamSnapshotLock(ctx, sb.Team); m != nil {
+		m.Lock()
+		defer m.Unlock()
+	}
 	if err := s.snapshotRoom(ctx, sb.Team); err != nil {
 		if automatic {
 			s.log.Warn("automatic snapshot skipped", "sandbox", sb.ID, "kind", kind, "err", err)
