@@ -53,16 +53,21 @@ func (a *Agent) settleIdentity(env map[string]string, keep bool) {
 	}
 	b, _ := json.Marshal(line)
 	b = append(b, '\n')
-	give := func(p *process) error {
+	give := func(p *process, b []byte) error {
 		ctx, cancel := context.WithTimeout(context.Background(), prestartWait)
 		defer cancel()
 		return p.writeStdin(ctx, bytes.NewReader(b), false)
 	}
+	// A following process (a kernel) may hold the start of a request cut
+	// short (its client left while it was written): a newline first ends
+	// it, so the identity is a line of its own, not lost with it. (A
+	// prestarted process's first line is the identity: none there.)
+	nb := append([]byte{'\n'}, b...)
 	for _, p := range following {
 		if !p.snapshot().Running {
 			continue
 		}
-		if err := give(p); err != nil {
+		if err := give(p, nb); err != nil {
 			// It would run on with the env (and placeholders) of the
 			// sandbox it was copied from.
 			a.log.Warn("process following the identity did not take it; killing it", "pid", p.pid, "err", err)
@@ -71,7 +76,7 @@ func (a *Agent) settleIdentity(env map[string]string, keep bool) {
 	}
 	for _, p := range pending {
 		if keep && p.snapshot().Running {
-			err := give(p)
+			err := give(p, b)
 			if err == nil {
 				a.mu.Lock()
 				p.followInit = true
