@@ -288,7 +288,7 @@ func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 			writeError(w, errdefs.InvalidArgument("bad mode %q (octal)", s))
 			return
 		}
-		mode = os.FileMode(m)
+		mode = unixMode(uint32(m))
 	}
 	if q.Get("nofollow") == "1" {
 		if err := writeNoFollow(path, r.Body, acct, mode, q.Get("mode") == ""); err != nil {
@@ -339,11 +339,11 @@ func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	acct.chown(tmp.Name()) // before the mode: a chown clears setuid and setgid
 	if err := tmp.Chmod(mode); err != nil {
 		writeError(w, osError(asTarget(err, path)))
 		return
 	}
-	acct.chown(tmp.Name())
 	if err := tmp.Close(); err != nil {
 		writeError(w, osError(asTarget(err, path)))
 		return
@@ -528,4 +528,22 @@ func (a *Agent) handleRemove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// unixMode is a numeric Unix mode (with its setuid, setgid and sticky
+// bits) as an os.FileMode: os.FileMode(0o4755) is 0755 to Chmod, which
+// sets those bits only from their os.Mode* flags, so a write with mode
+// 4755 or 1777 silently lost them.
+func unixMode(m uint32) os.FileMode {
+	mode := os.FileMode(m & 0o777)
+	if m&0o4000 != 0 {
+		mode |= os.ModeSetuid
+	}
+	if m&0o2000 != 0 {
+		mode |= os.ModeSetgid
+	}
+	if m&0o1000 != 0 {
+		mode |= os.ModeSticky
+	}
+	return mode
 }

@@ -77,8 +77,10 @@ func classOf(err error) error {
 		return errdefs.ErrPermissionDenied
 	case errors.As(err, &errno) && (errno == unix.ENOTDIR || errno == unix.EISDIR || errno == unix.EINVAL ||
 		errno == unix.ENAMETOOLONG || errno == unix.ELOOP || errno == unix.EXDEV || errno == unix.ENOEXEC ||
-		errno == unix.ENXIO): // ENXIO: opening a socket
+		errno == unix.ENXIO || errno == unix.E2BIG): // ENXIO: opening a socket; E2BIG: an exec's arguments
 		return errdefs.ErrInvalidArgument
+	case errors.As(err, &errno) && errno == unix.ETXTBSY: // exec of a file open for writing
+		return errdefs.ErrConflict
 	case errors.As(err, &errno) && (errno == unix.ENOSPC || errno == unix.EDQUOT || errno == unix.EFBIG):
 		return errdefs.ErrTooLarge
 	case errors.As(err, &errno) && (errno == unix.EAGAIN || errno == unix.ENOMEM || errno == unix.EMFILE || errno == unix.ENFILE):

@@ -38,7 +38,11 @@ func errCrossesLink(path string) error {
 // sandbox); O_NOFOLLOW alone gives ELOOP there as here, and fstat tells a
 // directory.
 func openDirNoFollow(dir string, create bool, acct account) (int, error) {
-	const flags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	// O_NONBLOCK: a FIFO swapped in for a directory would block the open
+	// (waiting for a writer) for good, with the restore holding the
+	// sandbox's lifecycle lock; with it the open returns and fstat refuses
+	// what is not a directory.
+	const flags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK
 	fd, err := unix.Open("/", flags|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return -1, osError(err)
@@ -95,7 +99,7 @@ func writeNoFollow(path string, body io.Reader, acct account, mode os.FileMode, 
 			return errdefs.Conflict("%s is a directory", path)
 		case unix.S_IFREG:
 			if keepMode {
-				mode = os.FileMode(st.Mode & 0o777)
+				mode = unixMode(st.Mode & 0o7777)
 			}
 		}
 	}
@@ -121,11 +125,11 @@ func writeNoFollow(path string, body io.Reader, acct account, mode os.FileMode, 
 		}
 		return errdefs.InvalidArgument("read body: %v", err)
 	}
+	if os.Geteuid() == 0 { // before the mode: a chown clears setuid and setgid
+		_ = f.Chown(int(acct.uid), int(acct.gid))
+	}
 	if err := f.Chmod(mode); err != nil {
 		return osError(asTarget(err, path))
-	}
-	if os.Geteuid() == 0 {
-		_ = f.Chown(int(acct.uid), int(acct.gid))
 	}
 	if err := f.Close(); err != nil {
 		return osError(asTarget(err, path))
@@ -230,7 +234,7 @@ func removeAllAt(dirfd int, name string) error {
 	// A directory: empty it, then remove it. Entries the sandbox adds
 	// meanwhile fail the rmdir; a few rounds take them too.
 	for round := 0; ; round++ {
-		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0) // a FIFO: see openDirNoFollow
 		if errors.Is(err, unix.ENOENT) {
 			return nil
 		}

@@ -2,9 +2,13 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -68,5 +72,48 @@ func TestRemoveNoFollow(t *testing.T) {
 	mk(filepath.Join(dir, "full", "f"))
 	if err := removeNoFollow(filepath.Join(dir, "full"), false); err == nil {
 		t.Error("non-recursive remove of a directory with a file: no error")
+	}
+
+	// A FIFO where a directory should be: refused at once, not an open
+	// waiting for a writer for good (with the restore holding the
+	// sandbox's lifecycle lock).
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 3)
+	go func() { done <- removeNoFollow(filepath.Join(fifo, "x"), true) }()
+	go func() {
+		done <- writeNoFollow(filepath.Join(fifo, "x"), strings.NewReader("x"), account{}, 0o644, false)
+	}()
+	go func() { _, err := openDirNoFollow(fifo, false, account{}); done <- err }()
+	for range 3 {
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Error("an operation through a FIFO succeeded")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("an operation through a FIFO hangs")
+		}
+	}
+}
+
+// TestUnixMode: a numeric mode keeps its setuid, setgid and sticky bits
+// through a write (os.FileMode(0o4755) is 0755 to Chmod).
+func TestUnixMode(t *testing.T) {
+	dir := t.TempDir()
+	for _, m := range []uint32{0o4755, 0o2750, 0o1777, 0o644} {
+		p := filepath.Join(dir, fmt.Sprintf("f%o", m))
+		if err := writeNoFollow(p, strings.NewReader("x"), account{uid: uint32(os.Getuid()), gid: uint32(os.Getgid())}, unixMode(m), false); err != nil {
+			t.Fatal(err)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if got := st.Mode & 0o7777; got != m {
+			t.Errorf("mode %o written as %o", m, got)
+		}
 	}
 }

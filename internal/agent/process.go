@@ -54,8 +54,19 @@ type process struct {
 	oomKilled atomic.Bool
 	done      chan struct{} // closed after the exit event was appended
 
-	stdinMu sync.Mutex
-	stdin   *os.File // write end of stdin (the PTY master with PTY); nil when closed
+	// stdinMu guards stdin and is held for one write at a time, never
+	// while a writer waits for its data: the exit closes stdin under it.
+	// writeSem (one token) orders whole writes (a request's data, the
+	// initial data, an identity line): one's chunks are never interleaved
+	// with another's. stdinW is stdin as opened, never changed: the exit
+	// sets a past write deadline on it without the lock, which ends a
+	// write blocked on a pipe nobody reads (a child of the process kept
+	// it), whose writer held stdinMu: the exit then waited for good and
+	// the process never ended for its callers.
+	stdinMu  sync.Mutex
+	stdin    *os.File // write end of stdin (the PTY master with PTY); nil when closed
+	stdinW   *os.File
+	writeSem chan struct{}
 
 	mu   sync.Mutex
 	info agentproto.Process
@@ -244,10 +255,16 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 	for i, r := range readers {
 		pumps.Go(func() { pump(r, kinds[i], p.log) })
 	}
+	p.stdinW, p.writeSem = p.stdin, make(chan struct{}, 1)
 	if len(req.StdinData) > 0 {
-		p.stdinMu.Lock() // held until the data is written so later writes follow it
+		p.writeSem <- struct{}{} // taken until the data is written, so later writes follow it
 		go func() {
+			defer func() { <-p.writeSem }()
+			p.stdinMu.Lock()
 			defer p.stdinMu.Unlock()
+			if p.stdin == nil {
+				return
+			}
 			_, _ = p.stdin.Write(req.StdinData)
 			if !req.Stdin && p.pty == nil {
 				p.stdin.Close()
@@ -293,6 +310,9 @@ func (a *Agent) start(req agentproto.StartRequest, follow bool) (*process, *subs
 		p.mu.Lock()
 		p.info.Running, p.info.ExitCode, p.info.Signal, p.info.ExitedAt = false, &code, ev.Signal, &now
 		p.mu.Unlock()
+		if p.stdinW != nil {
+			_ = p.stdinW.SetWriteDeadline(time.Unix(1, 0)) // ends a blocked write (see stdinW)
+		}
 		p.stdinMu.Lock()
 		if p.stdin != nil {
 			p.stdin.Close()
@@ -493,25 +513,62 @@ func (a *Agent) processes() []agentproto.Process {
 
 // writeStdin copies r to the process's stdin; eof closes it afterwards.
 func (p *process) writeStdin(ctx context.Context, r io.Reader, eof bool) error {
-	p.stdinMu.Lock()
-	defer p.stdinMu.Unlock()
-	if p.stdin == nil {
+	if p.stdinW == nil {
 		return errdefs.Conflict("stdin of process %d is closed", p.pid)
 	}
-	stop := context.AfterFunc(ctx, func() { _ = p.stdin.SetWriteDeadline(time.Unix(1, 0)) })
-	_, err := io.Copy(struct{ io.Writer }{p.stdin}, r)
-	if !stop() {
-		_ = p.stdin.SetWriteDeadline(time.Time{})
+	select {
+	case p.writeSem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	if err != nil {
-		if errors.Is(err, syscall.EPIPE) {
-			return errdefs.Conflict("process %d closed its stdin", p.pid)
+	defer func() { <-p.writeSem }()
+	stop := context.AfterFunc(ctx, func() { _ = p.stdinW.SetWriteDeadline(time.Unix(1, 0)) })
+	defer func() {
+		if !stop() && !p.exited() {
+			_ = p.stdinW.SetWriteDeadline(time.Time{})
 		}
-		return err
+	}()
+	// The data is read without stdinMu (a streamed body may sit idle),
+	// written under it a chunk at a time.
+	closed := errdefs.Conflict("stdin of process %d is closed", p.pid)
+	buf := make([]byte, 32<<10)
+	for {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			p.stdinMu.Lock()
+			if p.stdin == nil {
+				p.stdinMu.Unlock()
+				return closed
+			}
+			_, err := p.stdin.Write(buf[:n])
+			p.stdinMu.Unlock()
+			if err != nil {
+				switch {
+				case errors.Is(err, syscall.EPIPE):
+					return errdefs.Conflict("process %d closed its stdin", p.pid)
+				case p.exited():
+					return errdefs.Conflict("process %d exited", p.pid)
+				case ctx.Err() != nil:
+					return ctx.Err()
+				}
+				return err
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return rerr
+		}
 	}
 	if eof {
+		p.stdinMu.Lock()
+		defer p.stdinMu.Unlock()
+		if p.stdin == nil {
+			return closed
+		}
 		if p.pty != nil {
-			_, err = p.stdin.Write([]byte{4}) // ^D: end of input on a terminal
+			_, err := p.stdin.Write([]byte{4}) // ^D: end of input on a terminal
 			return err
 		}
 		p.stdin.Close()
@@ -519,6 +576,9 @@ func (p *process) writeStdin(ctx context.Context, r io.Reader, eof bool) error {
 	}
 	return nil
 }
+
+// exited reports whether the process's exit was seen.
+func (p *process) exited() bool { return !p.snapshot().Running }
 
 // signal sends sig to the process's group.
 func (p *process) signal(sig string) error {

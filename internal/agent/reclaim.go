@@ -55,18 +55,36 @@ func largestProcess(self int) agentproto.ReclaimResponse {
 			}
 		}
 	}
+	// Whether each pid descends from self, memoised: the whole chain is
+	// walked, however deep (a walk cut at 64 levels hid a process nested
+	// deeper from the kill that protects the sandbox); a cycle (pids
+	// reused while /proc was read) is no descent.
+	known := map[int]bool{}
 	descends := func(pid int) bool {
-		for range 64 { // deeper trees are not worth the walk
-			ppid, ok := parent[pid]
-			if !ok {
-				return false
+		var chain []int
+		seen := map[int]bool{}
+		res := false
+		for {
+			if v, ok := known[pid]; ok {
+				res = v
+				break
 			}
+			ppid, ok := parent[pid]
+			if !ok || seen[pid] {
+				break
+			}
+			seen[pid] = true
+			chain = append(chain, pid)
 			if ppid == self {
-				return true
+				res = true
+				break
 			}
 			pid = ppid
 		}
-		return false
+		for _, c := range chain {
+			known[c] = res
+		}
+		return res
 	}
 	page := int64(os.Getpagesize())
 	for pid := range parent {

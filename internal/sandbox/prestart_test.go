@@ -8,7 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -223,5 +225,36 @@ func TestPrestartWaitsForReady(t *testing.T) {
 	d, p = run("echo loading; exit 3\n", prestartExited)
 	if p.Running || d >= prestartTimeout {
 		t.Errorf("exited: returned after %v (running %v), want at the exit", d, p.Running)
+	}
+}
+
+// TestExitWithUnreadStdin: a process whose stdin data nobody reads (a
+// child it left behind kept the pipe) still ends for its callers: its exit
+// is reported, and a later write to its stdin is refused at once. The
+// blocked write held the lock the exit needed, so the exit event never
+// came and every later write or resize waited for good.
+func TestExitWithUnreadStdin(t *testing.T) {
+	c := hostAgent(t)
+	ctx := context.Background()
+	pidFile := filepath.Join(t.TempDir(), "child")
+	script := `setsid -f sh -c 'echo $$ > ` + pidFile + `; exec sleep 120'; echo started`
+	pid, err := c.Start(ctx, agentproto.StartRequest{Cmd: []string{"/bin/sh", "-c", script}, Stdin: true, StdinData: bytes.Repeat([]byte("x"), 512<<10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				_ = syscall.Kill(n, syscall.SIGKILL)
+			}
+		}
+	}()
+	if got := output(t, c, pid); got != "started\n" {
+		t.Fatalf("output %q", got)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.Stdin(wctx, pid, strings.NewReader("more\n"), false); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("a write after the exit: %v, want a conflict", err)
 	}
 }
