@@ -236,6 +236,11 @@ func (s *EventStream) read() (agentproto.Event, error) {
 		return ev, transportError(s.ctx, err)
 	}
 	s.nextSeq = ev.Seq + 1
+	if ev.Type == agentproto.EventTruncated {
+		// Its seq is the first event kept, which comes next: a stream
+		// re-attached now must ask for it, not for the one after.
+		s.nextSeq = ev.Seq
+	}
 	if ev.Type == agentproto.EventExit {
 		s.exited = true
 		if frames != nil {

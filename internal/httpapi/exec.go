@@ -390,7 +390,9 @@ func appendEvent(dst []byte, e agentproto.Event) []byte {
 			Error    string `json:"error,omitempty"`
 		}{code, e.Signal, e.Error})
 	case agentproto.EventTruncated:
-		writeSSE(&buf, id, "truncated", map[string]uint64{"first_seq": e.Seq})
+		// No id: its seq is the next event's (the first kept), and a
+		// client resuming after it (Last-Event-ID) would skip that one.
+		writeSSE(&buf, "", "truncated", map[string]uint64{"first_seq": e.Seq})
 	}
 	return append(dst, buf.Bytes()...)
 }

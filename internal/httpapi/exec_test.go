@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"net/http/httptest"
+	"strings"
 	"testing"
+
+	"github.com/spacesandbox/space/internal/agentproto"
 )
 
 // execResult.write produces what encoding/json made of the old result
@@ -71,5 +74,19 @@ func TestExecResultWrite(t *testing.T) {
 		if got := rec.Body.String(); got != exp.String() {
 			t.Fatalf("case %d (stdout %q, stderr %q):\n got %s\nwant %s", i, stdout, stderr, got, exp.String())
 		}
+	}
+}
+
+// TestTruncatedEventHasNoID: the SSE "truncated" event carries no id: its
+// seq is that of the first event kept, which follows with the same id, and
+// a client resuming after the truncated one (Last-Event-ID) skipped it.
+func TestTruncatedEventHasNoID(t *testing.T) {
+	out := string(appendEvent(nil, agentproto.Event{Type: agentproto.EventTruncated, Seq: 5}))
+	if !strings.Contains(out, "event: truncated") || strings.Contains(out, "id:") || !strings.Contains(out, `"first_seq":5`) {
+		t.Errorf("truncated event %q", out)
+	}
+	out = string(appendEvent(nil, agentproto.Event{Type: agentproto.EventStdout, Seq: 5, Data: []byte("x")}))
+	if !strings.Contains(out, "id: 5") {
+		t.Errorf("the next event %q has no id", out)
 	}
 }
