@@ -348,3 +348,43 @@ func TestGCWaitingDoesNotStallReads(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDedupSyncsUnsyncedDirs: a Put that reuses a chunk another Put renamed
+// into place but has not made durable (it is still running, or it failed
+// before its directory sync) syncs that chunk's directory before its own
+// manifest is committed; a Put's own chunks stop counting as unsynced once
+// it synced them.
+func TestDedupSyncsUnsyncedDirs(t *testing.T) {
+	s := newStore(t)
+	data := randBytes(11, 100<<10)
+	d := digestOf(data)
+	if err := s.writeChunk(d, s.enc.EncodeAll(data, nil)); err != nil { // renamed, never synced
+		t.Fatal(err)
+	}
+	s.renamed(d[:2])
+	p := s.newPutter(t.Context())
+	if err := p.keep(d, data, nil); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	_, dirty := p.dirty[d[:2]]
+	p.mu.Unlock()
+	if !dirty {
+		t.Error("a chunk deduplicated against an unsynced one: its directory is not synced by this Put")
+	}
+	if err := p.finish(); err != nil {
+		t.Fatal(err)
+	}
+	if !s.isUnsynced(d[:2]) {
+		t.Error("another Put's unsynced chunk was counted synced by this one")
+	}
+
+	// A Put's own chunks: unsynced while it runs, synced after it.
+	own := randBytes(12, 100<<10)
+	m := mustPutTar(t, s, "own", mkTar(t, file("f", own)), Meta{})
+	for c := range chunkSet(m) {
+		if c[:2] != d[:2] && s.isUnsynced(c[:2]) {
+			t.Errorf("chunk dir %s still unsynced after its Put", c[:2])
+		}
+	}
+}

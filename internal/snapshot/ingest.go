@@ -161,7 +161,8 @@ type putter struct {
 	bytesNew atomic.Int64
 	mu       sync.Mutex
 	err      error               // first worker error
-	dirty    map[string]struct{} // chunk dirs that gained entries
+	dirty    map[string]struct{} // chunk dirs to sync: that gained entries, or hold unsynced ones it uses
+	renames  map[string]int      // chunks this Put renamed, per dir (Store.unsynced)
 }
 
 type chunkJob struct {
@@ -173,12 +174,13 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, maxChunk+maxChunk
 
 func (s *Store) newPutter(ctx context.Context) *putter {
 	p := &putter{
-		s:     s,
-		ctx:   ctx,
-		ck:    newChunker(nil),
-		seen:  map[string]bool{},
-		jobs:  make(chan chunkJob, s.workers),
-		dirty: map[string]struct{}{},
+		s:       s,
+		ctx:     ctx,
+		ck:      newChunker(nil),
+		seen:    map[string]bool{},
+		jobs:    make(chan chunkJob, s.workers),
+		dirty:   map[string]struct{}{},
+		renames: map[string]int{},
 	}
 	for range s.workers {
 		p.wg.Add(1)
@@ -197,8 +199,10 @@ func (p *putter) worker() {
 				p.fail(fmt.Errorf("store chunk: %w", err))
 			} else {
 				p.bytesNew.Add(int64(len(comp)))
+				p.s.renamed(j.digest[:2])
 				p.mu.Lock()
 				p.dirty[j.digest[:2]] = struct{}{}
+				p.renames[j.digest[:2]]++
 				p.mu.Unlock()
 			}
 			*out = comp[:0]
@@ -239,7 +243,13 @@ func (p *putter) finish() error {
 			return fmt.Errorf("store chunk: %w", err)
 		}
 	}
-	return syncDir(filepath.Join(p.s.root, chunksDir)) // new <2 hex> dirs
+	if err := syncDir(filepath.Join(p.s.root, chunksDir)); err != nil { // new <2 hex> dirs
+		return err
+	}
+	for d, n := range p.renames {
+		p.s.synced(d, n)
+	}
+	return nil
 }
 
 // hashWindow is how many of a file's chunks may be hashed on other
@@ -328,6 +338,12 @@ func (p *putter) content(r io.Reader) (refs []ChunkRef, size int64, err error) {
 // buf, if not nil, holds data and comes from bufPool: keep takes it over.
 func (p *putter) keep(d string, data []byte, buf *[]byte) error {
 	if p.seen[d] || p.s.hasChunk(d) {
+		if !p.seen[d] && p.s.isUnsynced(d[:2]) {
+			// Another Put's chunk whose directory is not durable yet.
+			p.mu.Lock()
+			p.dirty[d[:2]] = struct{}{}
+			p.mu.Unlock()
+		}
 		p.seen[d] = true
 		if buf != nil {
 			bufPool.Put(buf)

@@ -94,6 +94,40 @@ type Store struct {
 	// beforeCommit, when set (tests only), runs just before a manifest is
 	// committed; an error aborts the Put as a crash would.
 	beforeCommit func(id string) error
+
+	// unsynced counts, per chunk directory, the chunks renamed into it
+	// whose Put has not made the directory durable yet (or never will:
+	// it failed). A Put that deduplicates against a chunk in such a
+	// directory syncs it too before its manifest is committed: the chunk
+	// it names could otherwise be lost to a crash that keeps the manifest.
+	unsyncedMu sync.Mutex
+	unsynced   map[string]int
+}
+
+// renamed notes a chunk renamed into directory dir (not yet synced).
+func (s *Store) renamed(dir string) {
+	s.unsyncedMu.Lock()
+	if s.unsynced == nil {
+		s.unsynced = map[string]int{}
+	}
+	s.unsynced[dir]++
+	s.unsyncedMu.Unlock()
+}
+
+// synced notes that n chunks renamed into dir were made durable.
+func (s *Store) synced(dir string, n int) {
+	s.unsyncedMu.Lock()
+	if s.unsynced[dir] -= n; s.unsynced[dir] <= 0 {
+		delete(s.unsynced, dir)
+	}
+	s.unsyncedMu.Unlock()
+}
+
+// isUnsynced reports whether directory dir may hold chunks not yet durable.
+func (s *Store) isUnsynced(dir string) bool {
+	s.unsyncedMu.Lock()
+	defer s.unsyncedMu.Unlock()
+	return s.unsynced[dir] > 0
 }
 
 // Option configures a Store.
