@@ -61,6 +61,18 @@ func TestCLI(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(dir, "out.csv")); string(b) != "A,B\n1,2\n" {
 		t.Errorf("downloaded %q", b)
 	}
+	// A link's own mode (0777) is not given to the local copy of its target.
+	run("", "exec", id, "--", "ln", "-s", "/home/user/out.csv", "/home/user/link.csv")
+	if _, errOut, code = run("", "cp", id+":/home/user/link.csv", filepath.Join(dir, "link.csv")); code != 0 {
+		t.Fatalf("cp down a link: %d %s", code, errOut)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "link.csv")); err != nil || fi.Mode().Perm()&0o022 != 0 {
+		t.Errorf("the copy of a link's target: %v %v (want no group/other write)", fi.Mode(), err)
+	}
+	// Binary input to --stdin is refused, not mangled into U+FFFD.
+	if _, errOut, code = run("\xff\xfe binary", "exec", id, "--stdin", "--", "cat"); code == 0 || !strings.Contains(errOut, "UTF-8") {
+		t.Errorf("exec --stdin with binary input: %d %q", code, errOut)
+	}
 	out, _, _ = run("", "ls", id+":/home/user")
 	if !strings.Contains(out, "data.csv") || !strings.Contains(out, "out.csv") {
 		t.Errorf("ls: %q", out)

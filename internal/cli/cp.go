@@ -163,7 +163,10 @@ func (a *app) download(ctx context.Context, c *space.Client, src location, local
 		tmp.Close()
 		return fmt.Errorf("copy %s:%s: %w", src.ID, src.Path, err)
 	}
-	if mode := fs.FileMode(fi.Mode) & fs.ModePerm; mode != 0 {
+	// The mode of the file itself: a link's (0777, from the sandbox's
+	// lstat) would make the copy of its target world-writable; the temp
+	// file's 0600 is kept then.
+	if mode := fs.FileMode(fi.Mode) & fs.ModePerm; mode != 0 && fi.Type == space.FileTypeFile {
 		if err := tmp.Chmod(mode); err != nil {
 			tmp.Close()
 			return err

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
+	"unicode/utf8"
 
 	space "github.com/spacesandbox/space/sdk/go"
 	"github.com/spf13/cobra"
@@ -42,6 +44,11 @@ func (a *app) execCommand() *cobra.Command {
 				b, err := io.ReadAll(a.stdin)
 				if err != nil {
 					return fmt.Errorf("read stdin: %w", err)
+				}
+				if !utf8.Valid(b) {
+					// The API carries it as a JSON string: invalid bytes
+					// would become U+FFFD, silently.
+					return usageError(cmd, "--stdin: the input is not UTF-8 text (binary input: copy it in with `space cp` first)")
 				}
 				req.Stdin = string(b)
 			}
@@ -113,8 +120,54 @@ func (a *app) streamExec(ctx context.Context, c *space.Client, id string, req sp
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 
+	// Signals are read from the start, also while the request connects: the
+	// first is forwarded to the process, or, before the start event named
+	// it, once it does (the server starts the process before it answers:
+	// closing the stream would leave it running); a second stops waiting.
+	pidc := make(chan int, 1)
+	go func() {
+		var pid int
+		pending := ""
+		send := func(name string) {
+			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer scancel()
+			_ = c.Signal(sctx, id, pid, name)
+		}
+		forwarded := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case p := <-pidc:
+				pid = p
+				if pending != "" {
+					send(pending)
+					pending = ""
+				}
+			case sig := <-sigs:
+				if forwarded {
+					cancel()
+					return
+				}
+				forwarded = true
+				name := "SIGINT"
+				if sig == syscall.SIGTERM {
+					name = "SIGTERM"
+				}
+				if pid == 0 {
+					pending = name
+					continue
+				}
+				send(name)
+			}
+		}
+	}()
+
 	s, err := c.ExecStream(ctx, id, req)
 	if err != nil {
+		if ctx.Err() != nil {
+			return exitCode(130)
+		}
 		var ae *space.APIError
 		if errors.As(err, &ae) && ae.Code == space.CodeNotFound && strings.Contains(ae.Message, "executable file not found") {
 			// The shell convention for "command not found".
@@ -124,31 +177,6 @@ func (a *app) streamExec(ctx context.Context, c *space.Client, id string, req sp
 		return err
 	}
 	defer s.Close()
-
-	pidc := make(chan int, 1)
-	go func() {
-		var pid int
-		forwarded := false
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case p := <-pidc:
-				pid = p
-			case sig := <-sigs:
-				if forwarded || pid == 0 {
-					cancel()
-					return
-				}
-				forwarded = true
-				name := "SIGINT"
-				if sig == syscall.SIGTERM {
-					name = "SIGTERM"
-				}
-				_ = c.Signal(context.WithoutCancel(ctx), id, pid, name)
-			}
-		}
-	}()
 
 	for {
 		ev, err := s.Next()
@@ -312,9 +340,15 @@ func (a *app) logsCommand() *cobra.Command {
 				}
 				switch ev.Type {
 				case space.EventStdout:
-					a.stdout.Write(ev.Data)
+					if _, err := a.stdout.Write(ev.Data); err != nil {
+						return err
+					}
 				case space.EventStderr:
-					a.stderr.Write(ev.Data)
+					if _, err := a.stderr.Write(ev.Data); err != nil {
+						return err
+					}
+				case space.EventTruncated:
+					fmt.Fprintf(a.stderr, "space: output before event %d was dropped from the server's buffer\n", ev.Seq)
 				}
 			}
 		},

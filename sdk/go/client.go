@@ -185,7 +185,9 @@ func bodyLength(r io.Reader) int64 {
 		return int64(b.Len())
 	case *os.File:
 		st, err := b.Stat()
-		if err != nil || !st.Mode().IsRegular() {
+		// A regular file of size 0 may still have content (/proc,
+		// /sys): sent chunked, as read, not as an empty body.
+		if err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
 			return -1
 		}
 		off, err := b.Seek(0, io.SeekCurrent)

@@ -629,3 +629,52 @@ func TestWriteFileAsAndMkdirAs(t *testing.T) {
 		t.Errorf("requests:\n%q\nwant\n%q", got, want)
 	}
 }
+
+// TestExecTruncatedAndResume: an exec result says when the server dropped
+// output; a resumed event stream keeps its resume point until it delivers
+// an event (one that broke first resumed from the start again, repeating
+// everything), and a truncated marker names the first event kept.
+func TestExecTruncatedAndResume(t *testing.T) {
+	c := fake(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/v1/sandboxes/sb1/exec":
+			writeJSON(w, 200, map[string]any{"pid": 7, "exit_code": 0, "stdout": "part", "truncated": true})
+		default:
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "event: truncated\ndata: {\"first_seq\":40}\n\n")
+		}
+	})
+	res, err := c.Exec(t.Context(), "sb1", ExecRequest{Shell: "yes"})
+	if err != nil || !res.Truncated {
+		t.Errorf("exec result %+v %v: want Truncated", res, err)
+	}
+	s, err := c.Events(t.Context(), "sb1", 7, 57)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.LastSeq() != 57 {
+		t.Errorf("LastSeq before any event of a stream resumed after 57: %d", s.LastSeq())
+	}
+	ev, err := s.Next()
+	if err != nil || ev.Type != EventTruncated || ev.Seq != 40 {
+		t.Errorf("truncated marker: %+v %v", ev, err)
+	}
+	if s.LastSeq() != 57 {
+		t.Errorf("LastSeq after a marker without an id: %d", s.LastSeq())
+	}
+}
+
+// TestBodyLengthOfPseudoFile: a regular file whose size is 0 (a /proc
+// file) is sent chunked, as read: its length was taken as 0 and the upload
+// wrote an empty file, reported as success.
+func TestBodyLengthOfPseudoFile(t *testing.T) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		t.Skip(err)
+	}
+	defer f.Close()
+	if n := bodyLength(f); n != -1 {
+		t.Errorf("bodyLength(/proc/self/status) = %d, want -1 (unknown)", n)
+	}
+}

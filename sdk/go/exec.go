@@ -60,6 +60,9 @@ type ExecResult struct {
 	Error    string // e.g. "timeout", when the server reports one
 	Stdout   []byte
 	Stderr   []byte
+	// Truncated is set when the server dropped some of the output (past
+	// its per-exec or server-wide buffer): Stdout and Stderr are partial.
+	Truncated bool
 }
 
 func (r *ExecResult) UnmarshalJSON(b []byte) error {
@@ -68,6 +71,7 @@ func (r *ExecResult) UnmarshalJSON(b []byte) error {
 		ExitCode  int     `json:"exit_code"`
 		Signal    string  `json:"signal"`
 		Error     string  `json:"error"`
+		Truncated bool    `json:"truncated"`
 		Stdout    *string `json:"stdout"`
 		Stderr    *string `json:"stderr"`
 		StdoutB64 *string `json:"stdout_b64"`
@@ -76,7 +80,7 @@ func (r *ExecResult) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
-	*r = ExecResult{PID: w.PID, ExitCode: w.ExitCode, Signal: w.Signal, Error: w.Error}
+	*r = ExecResult{PID: w.PID, ExitCode: w.ExitCode, Signal: w.Signal, Error: w.Error, Truncated: w.Truncated}
 	var err error
 	if r.Stdout, err = textOrB64(w.Stdout, w.StdoutB64); err != nil {
 		return fmt.Errorf("stdout_b64: %w", err)
@@ -158,7 +162,13 @@ func (c *Client) events(ctx context.Context, id string, pid int, afterSeq int64,
 	if err != nil {
 		return nil, err
 	}
-	return newEventStream(resp.Body), nil
+	st := newEventStream(resp.Body)
+	if afterSeq >= 0 {
+		// A resumed stream that breaks before its first event resumes
+		// from the same point again, not from the start.
+		st.lastSeq = afterSeq
+	}
+	return st, nil
 }
 
 // Event types of a process's event stream.
@@ -167,6 +177,9 @@ const (
 	EventStdout = "stdout"
 	EventStderr = "stderr"
 	EventExit   = "exit"
+	// EventTruncated: events before Seq were dropped from the server's
+	// buffer before they were read (Data holds {"first_seq": Seq}).
+	EventTruncated = "truncated"
 )
 
 // Event is one event of a process: its start, a chunk of output, or its exit.
@@ -217,7 +230,8 @@ func (s *EventStream) Next() (Event, error) {
 	return ev, nil
 }
 
-// LastSeq is the seq of the last event returned by Next, or -1.
+// LastSeq is the seq of the last event returned by Next (for a resumed
+// stream, the afterSeq it was opened with until then), or -1.
 func (s *EventStream) LastSeq() int64 { return s.lastSeq }
 
 // Close releases the connection. The process keeps running.
@@ -236,6 +250,14 @@ func decodeEvent(raw sseEvent) (Event, error) {
 		return Event{}, fmt.Errorf("space: decode %s event: %w", raw.Event, err)
 	}
 	switch raw.Event {
+	case EventTruncated:
+		var d struct {
+			First int64 `json:"first_seq"`
+		}
+		if err := json.Unmarshal([]byte(raw.Data), &d); err != nil {
+			return bad(err)
+		}
+		ev.Seq, ev.Data = d.First, []byte(raw.Data)
 	case EventStart:
 		var d struct {
 			PID int `json:"pid"`

@@ -35,6 +35,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
@@ -403,7 +404,11 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	if pid <= 0 || !inst.ours(pid) {
 		return lost("vm process is gone")
 	}
-	info, err := inst.api().info(ctx)
+	// Bounded, as the QEMU driver's: a VMM that accepts and never answers
+	// held the server's start (Recover runs before it serves) for good.
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	info, err := inst.api().info(ictx)
+	cancel()
 	if err != nil {
 		return lost(err.Error())
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -55,7 +56,13 @@ func handshake(ctx context.Context, c net.Conn) (net.Conn, error) {
 	br := bufio.NewReaderSize(c, 64<<10)
 	want := serialHello + nonce
 	for {
-		line, err := br.ReadString('\n')
+		// ReadSlice, not ReadString: a guest streaming bytes without a
+		// newline grew the line in the server without bound. A line
+		// longer than the buffer is not the hello: skipped.
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
 		if err != nil {
 			stopPing()
 			if ctx.Err() != nil {
@@ -63,7 +70,7 @@ func handshake(ctx context.Context, c net.Conn) (net.Conn, error) {
 			}
 			return nil, fmt.Errorf("agent handshake: %w", err)
 		}
-		if strings.HasSuffix(strings.TrimSpace(line), want) {
+		if strings.HasSuffix(strings.TrimSpace(string(line)), want) {
 			break
 		}
 	}
