@@ -116,6 +116,13 @@ func (i *Instance) launch(ctx context.Context) error {
 		i.killPid(pid)
 		return fmt.Errorf("firecracker: %s: %w (console: %s)", i.id, err, hostproc.TailFile(i.consolePath(), 1500))
 	}
+	// The console log (appended to) stays within 8 MiB while it runs.
+	go hostproc.CapFile(i.consolePath(), 8<<20, 256<<10, 5*time.Second, func() bool {
+		i.mu.Lock()
+		pid, destroyed := i.pid, i.destroyed
+		i.mu.Unlock()
+		return !destroyed && hostproc.Alive(pid)
+	})
 	return nil
 }
 

@@ -128,3 +128,37 @@ func TailFile(path string, n int64) string {
 	k, _ := f.Read(b)
 	return strings.TrimSpace(string(b[:k]))
 }
+
+// CapFile keeps a log a VMM appends to (a guest's serial console) from
+// filling the host's disk: every interval while alive reports true, a file
+// grown past max is cut to its last keep bytes, after a marker line. The
+// writer must append (O_APPEND), so its next write lands at the new end;
+// what it writes while the file is being cut may be lost. Without it, a
+// guest writing to its console without end (cat /dev/zero > /dev/ttyS0)
+// filled the data directory of every sandbox and the server.
+func CapFile(path string, max, keep int64, interval time.Duration, alive func() bool) {
+	for alive() {
+		time.Sleep(interval)
+		fi, err := os.Stat(path)
+		if err != nil || fi.Size() <= max {
+			continue
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			continue
+		}
+		tail := make([]byte, keep)
+		n, _ := f.ReadAt(tail, fi.Size()-keep)
+		f.Close()
+		if err := os.Truncate(path, 0); err != nil {
+			continue
+		}
+		w, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			continue
+		}
+		fmt.Fprintf(w, "\n[space: console cut at %d bytes; its last %d follow]\n", fi.Size(), n)
+		_, _ = w.Write(tail[:n])
+		w.Close()
+	}
+}

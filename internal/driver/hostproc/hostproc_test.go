@@ -123,3 +123,46 @@ func TestWaitInstance(t *testing.T) {
 		t.Fatalf("never started, canceled: %v", err)
 	}
 }
+
+// TestCapFile: a log appended to without end (a guest's console) is cut to
+// its tail once past its bound, and the appender's later writes land after
+// it; the cap ends with alive.
+func TestCapFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "console.log")
+	w, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.Write([]byte(strings.Repeat("x", 100<<10) + "TAIL-OF-THE-LOG"))
+	var mu sync.Mutex
+	running := true
+	done := make(chan struct{})
+	go func() {
+		CapFile(path, 64<<10, 1<<10, 10*time.Millisecond, func() bool { mu.Lock(); defer mu.Unlock(); return running })
+		close(done)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if fi, err := os.Stat(path); err == nil && fi.Size() < 4<<10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the log was not cut")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	w.Write([]byte("AFTER"))
+	b, _ := os.ReadFile(path)
+	if !strings.Contains(string(b), "TAIL-OF-THE-LOG") || !strings.HasSuffix(string(b), "AFTER") || !strings.Contains(string(b), "console cut") {
+		t.Errorf("after the cut: %q", b)
+	}
+	mu.Lock()
+	running = false
+	mu.Unlock()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Error("CapFile did not end with alive")
+	}
+}

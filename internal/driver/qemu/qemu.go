@@ -302,7 +302,7 @@ func (i *Instance) qemuArgs(incoming string) []string {
 		"-m", strconv.Itoa(m.MemoryMB),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", m.Kernel, "-initrd", m.Initramfs, "-append", m.Cmdline,
-		"-chardev", "file,id=console,path=" + i.consolePath(),
+		"-chardev", "file,id=console,path=" + i.consolePath() + ",append=on", // append: capConsole cuts it
 		"-serial", "chardev:console",
 		"-drive", "id=root,if=none,format=qcow2,file=" + i.diskPath() + ",discard=unmap",
 		"-device", "virtio-blk-device,drive=root",
@@ -356,6 +356,7 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	if err != nil || st == "shutdown" || st == "internal-error" || st == "guest-panicked" {
 		return lost(fmt.Sprintf("vm status %q (%v)", st, err))
 	}
+	go inst.capConsole()
 	return inst, nil
 }
 
@@ -450,12 +451,29 @@ func (i *Instance) launch(ctx context.Context, incoming string) error {
 	i.mu.Lock()
 	i.pid = pid
 	i.mu.Unlock()
+	go i.capConsole()
 	if !i.d.cfg.NoCgroups {
 		if err := cgroup.Place(i.id, pid, i.machine.limits(i.low)); err != nil {
 			return fmt.Errorf("qemu: start %s: %w", i.id, err) // the caller destroys the VM
 		}
 	}
 	return nil
+}
+
+// Console log bounds (hostproc.CapFile): its tail is all that is read.
+const (
+	consoleMax  = 8 << 20
+	consoleKeep = 256 << 10
+)
+
+// capConsole keeps the VM's console log within consoleMax while it runs.
+func (i *Instance) capConsole() {
+	hostproc.CapFile(i.consolePath(), consoleMax, consoleKeep, 5*time.Second, func() bool {
+		i.mu.Lock()
+		pid, destroyed := i.pid, i.destroyed
+		i.mu.Unlock()
+		return !destroyed && hostproc.Alive(pid)
+	})
 }
 
 // Prioritize implements driver.Prioritizer: a pooled VM's cgroup gets the
