@@ -50,7 +50,56 @@ func (i *Instance) Checkpoint(ctx context.Context, dir string, leaveRunning bool
 	if err != nil {
 		return err
 	}
+	// undo ends a checkpoint that failed: a migration still running is
+	// cancelled and the VM runs again, over a connection of its own (q
+	// may be the failure: a context that ended left it with a past
+	// deadline, and QEMU serves one monitor client at a time), bounded
+	// and whatever the caller's context. The VM stayed paused for good
+	// when the client of a snapshot left while stop or the migration ran.
+	undo := func(migrating bool) {
+		if !leaveRunning || before != "running" {
+			return
+		}
+		q.Close()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		c, err := dialQMP(cctx, i.qmpSock())
+		if err != nil {
+			i.log.Warn("resume after a failed checkpoint", "err", err)
+			return
+		}
+		defer c.Close()
+		// The cut command may still run after this connection's first
+		// (QEMU read it from the closed one): the VM counts as running
+		// again once it was seen running for a while.
+		steady := 0
+		for steady < 4 {
+			st, err := c.status(cctx)
+			if err != nil {
+				i.log.Warn("resume after a failed checkpoint", "err", err)
+				return
+			}
+			if st == "running" {
+				steady++
+			} else {
+				steady = 0
+				if migrating {
+					_ = c.execute(cctx, "migrate_cancel", nil, nil)
+				}
+				if err := c.execute(cctx, "cont", nil, nil); err != nil {
+					i.log.Warn("resume after a failed checkpoint", "err", err)
+				}
+			}
+			select {
+			case <-cctx.Done():
+				i.log.Warn("resume after a failed checkpoint: the VM did not stay running", "status", st)
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
 	if err := q.execute(ctx, "stop", nil, nil); err != nil {
+		undo(false) // QEMU may have stopped it all the same
 		return err
 	}
 	resume := func() {
@@ -61,17 +110,17 @@ func (i *Instance) Checkpoint(ctx context.Context, dir string, leaveRunning bool
 		}
 	}
 	if err := i.migrateTo(ctx, q, filepath.Join(dir, ckptMemory)); err != nil {
-		resume()
+		undo(true)
 		return err
 	}
 	// The migration inactivated (flushed) the disk: the overlay is exactly
 	// what the saved memory state expects.
 	if err := copyFile(ctx, i.diskPath(), filepath.Join(dir, ckptDisk)); err != nil {
-		resume()
+		undo(false)
 		return err
 	}
 	if err := writeJSON(filepath.Join(dir, ckptMachine), i.machine); err != nil {
-		resume()
+		undo(false)
 		return err
 	}
 	if !leaveRunning {
