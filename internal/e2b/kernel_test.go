@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -30,17 +29,7 @@ func TestKernelInitLine(t *testing.T) {
 		{"bash", "X=1", `echo "$X $SPACE_T"`, `"text": "1 child\n"`},
 	} {
 		t.Run(tc.language, func(t *testing.T) {
-			file, src, argv := kernelOf(tc.language)
-			dir := t.TempDir()
-			path := filepath.Join(dir, filepath.Base(file))
-			if err := os.WriteFile(path, src, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			for i, a := range argv {
-				if a == file {
-					argv[i] = path
-				}
-			}
+			dir, argv := kernelFiles(t, tc.language)
 			var in bytes.Buffer
 			for _, l := range []any{
 				map[string]any{"code": tc.first},
