@@ -7,12 +7,10 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -20,7 +18,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/spacesandbox/space/internal/agent"
+	"github.com/spacesandbox/space/internal/agent/agenttest"
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -238,30 +236,7 @@ type agentKernel struct {
 func startAgentKernel(t *testing.T, language string) *agentKernel {
 	t.Helper()
 	dir, argv := kernelFiles(t, language)
-	sock := filepath.Join(t.TempDir(), "agent.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := user.Current()
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := agent.New(agent.Options{User: u.Username, Home: dir})
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = a.Serve(ctx, agent.Dial("unix", sock))
-	}()
-	ac := agentclient.New(agentclient.AcceptDialer(ln), slog.New(slog.DiscardHandler))
-	t.Cleanup(func() {
-		ac.Close()
-		cancel()
-		ln.Close()
-		<-served
-		a.Close()
-	})
+	ac := agenttest.Client(t, dir)
 	pid, err := ac.Start(t.Context(), agentproto.StartRequest{Cmd: argv, Cwd: dir, Stdin: true})
 	if err != nil {
 		t.Fatal(err)

@@ -5,69 +5,23 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"os"
-	"os/user"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/spacesandbox/space/internal/agent"
+	"github.com/spacesandbox/space/internal/agent/agenttest"
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/store"
 )
 
-// hostAgent runs a real space-agent in this process, reached over a unix
-// socket the way the drivers reach theirs.
-func hostAgent(t *testing.T) *agentclient.Client {
-	t.Helper()
-	c := agentclient.New(hostAgentDialer(t), slog.New(slog.DiscardHandler))
-	t.Cleanup(func() { c.Close() }) // before the agent stops
-	return c
-}
-
-// hostAgentDialer runs a real space-agent in this process and returns
-// what reaches it (each call waits for the agent's next connection).
-func hostAgentDialer(t *testing.T) func(ctx context.Context) (net.Conn, error) {
-	t.Helper()
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "agent.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := user.Current()
-	if err != nil {
-		t.Fatal(err)
-	}
-	home := filepath.Join(dir, "home")
-	if err := os.Mkdir(home, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	a := agent.New(agent.Options{User: u.Username, Home: home})
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = a.Serve(ctx, agent.Dial("unix", sock))
-	}()
-	t.Cleanup(func() {
-		cancel()
-		ln.Close()
-		<-served
-		a.Close()
-	})
-	return agentclient.AcceptDialer(ln)
-}
-
 // A server that died between answering a warm create and delivering the
 // identity re-attaches an agent that never got it: confirmIdentity
 // delivers it (id and env), and requests wait for that.
 func TestConfirmIdentityDeliversUndelivered(t *testing.T) {
-	c := hostAgent(t)
+	c := agenttest.Client(t, "")
 	svc := New(Config{DataDir: t.TempDir()}, nil, nil, slog.New(slog.DiscardHandler), nil)
 	sb := store.Sandbox{ID: "sb-identity", Team: "t", Env: map[string]string{"TENANT": "alpha"}}
 	l := &live{agent: c, ready: make(chan struct{})}
@@ -139,7 +93,7 @@ func TestConfirmIdentityUnanswered(t *testing.T) {
 
 	// Unreachable for its first dials, then up: asked again, it gets its
 	// identity.
-	dial := hostAgentDialer(t)
+	dial := agenttest.Dialer(t, "")
 	var dials atomic.Int32
 	flaky := agentclient.New(func(ctx context.Context) (net.Conn, error) {
 		if dials.Add(1) <= 3 {
@@ -194,7 +148,7 @@ func runEnv(t *testing.T, c *agentclient.Client, name string) string {
 // answered first), goes at once when a request needs the sandbox, goes by
 // itself when the burst ends, and never waits longer than its bound.
 func TestIdentityYieldsToTheBurst(t *testing.T) {
-	c := hostAgent(t)
+	c := agenttest.Client(t, "")
 	svc := New(Config{DataDir: t.TempDir()}, nil, nil, slog.New(slog.DiscardHandler), nil)
 	defer func(d time.Duration) { identityMaxDefer = d }(identityMaxDefer)
 	identityMaxDefer = time.Hour

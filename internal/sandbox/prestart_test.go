@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spacesandbox/space/internal/agent/agenttest"
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -91,7 +92,7 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 		return pid
 	}
 
-	kept := hostAgent(t)
+	kept := agenttest.Client(t, "")
 	keptDir := made()
 	pre, other := start(kept, true, keptDir), start(kept, false)
 	// A following process gets each identity after a newline (ending
@@ -134,7 +135,7 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 		t.Errorf("the files of a kept prestarted process were removed: %v", err)
 	}
 
-	dropped := hostAgent(t)
+	dropped := agenttest.Client(t, "")
 	droppedDir := made()
 	pre, other = start(dropped, true, droppedDir), start(dropped, false)
 	if err := dropped.Init(ctx, agentproto.InitRequest{SandboxID: "sb-3", Env: env}); err != nil {
@@ -185,7 +186,7 @@ func TestPrestartedSettledAtInit(t *testing.T) {
 func TestPrestartWaitsForReady(t *testing.T) {
 	defer func(d time.Duration) { prestartTimeout = d }(prestartTimeout)
 	prestartTimeout = 2 * time.Second
-	c := hostAgent(t)
+	c := agenttest.Client(t, "")
 	svc := New(Config{DataDir: t.TempDir()}, nil, nil, slog.New(slog.DiscardHandler), nil)
 	w := &warm{sb: store.Sandbox{ID: "sb-prestart"}, agent: c}
 	dir := t.TempDir()
@@ -234,7 +235,7 @@ func TestPrestartWaitsForReady(t *testing.T) {
 // blocked write held the lock the exit needed, so the exit event never
 // came and every later write or resize waited for good.
 func TestExitWithUnreadStdin(t *testing.T) {
-	c := hostAgent(t)
+	c := agenttest.Client(t, "")
 	ctx := context.Background()
 	pidFile := filepath.Join(t.TempDir(), "child")
 	script := `setsid -f sh -c 'echo $$ > ` + pidFile + `; exec sleep 120'; echo started`
