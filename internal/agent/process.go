@@ -531,7 +531,9 @@ func (p *process) writeStdin(ctx context.Context, r io.Reader, eof bool) error {
 	// The data is read without stdinMu (a streamed body may sit idle),
 	// written under it a chunk at a time.
 	closed := errdefs.Conflict("stdin of process %d is closed", p.pid)
-	buf := make([]byte, 32<<10)
+	bp := stdinBufs.Get().(*[]byte) // a terminal writes a keystroke per request
+	defer stdinBufs.Put(bp)
+	buf := *bp
 	for {
 		n, rerr := r.Read(buf)
 		if n > 0 {
@@ -576,6 +578,9 @@ func (p *process) writeStdin(ctx context.Context, r io.Reader, eof bool) error {
 	}
 	return nil
 }
+
+// stdinBufs holds writeStdin's copy buffers.
+var stdinBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // exited reports whether the process's exit was seen.
 func (p *process) exited() bool { return !p.snapshot().Running }
