@@ -31,6 +31,7 @@ const (
 	ReasonProtocol      = "protocol"         // malformed request or wrong protocol for the port
 	ReasonEncoded       = "encoded_response" // a secret's host answered in an encoding the proxy cannot scrub
 	ReasonConnLimit     = "connection_limit" // the sandbox has Config.MaxConns connections open
+	ReasonPolicyChanged = "policy_changed"   // the sandbox's policy changed and refuses it now (an open connection is closed)
 )
 
 // Record is one audited connection attempt or request. It never holds a

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"crypto/x509"
@@ -98,7 +99,23 @@ type Proxy struct {
 
 	mu    sync.RWMutex
 	sbs   map[string]*sandboxState
-	conns map[string]map[net.Conn]context.CancelFunc
+	conns map[string]map[net.Conn]*tracked
+}
+
+// tracked is one open client connection of a sandbox.
+type tracked struct {
+	cancel context.CancelFunc // ends the connection and its upstreams
+	// dest is where its upstream goes (nil until one is dialed): a policy
+	// change closes the connection when the new policy refuses it.
+	dest atomic.Pointer[dest]
+	cut  atomic.Bool // closed by a policy change
+}
+
+// dest is an upstream a connection was let through to.
+type dest struct {
+	host string // normalized name or IP literal, as decided
+	port int
+	addr netip.Addr // the address dialed
 }
 
 // sandboxState is replaced wholesale, never mutated, so readers can hold it
@@ -170,12 +187,14 @@ func New(cfg Config) (*Proxy, error) {
 		log:     cfg.Logger,
 		metrics: newMetrics(),
 		sbs:     map[string]*sandboxState{},
-		conns:   map[string]map[net.Conn]context.CancelFunc{},
+		conns:   map[string]map[net.Conn]*tracked{},
 	}, nil
 }
 
-// SetPolicy sets a sandbox's policy; it applies to new connections and to
-// the next request on kept-alive plain-HTTP connections.
+// SetPolicy sets a sandbox's policy. It applies to new connections and
+// requests, and to those already open: a connection whose upstream the new
+// policy refuses (a tunnel, a plain-HTTP connection, an upgraded one) is
+// closed, so taking a host off the list takes it away now.
 // Errors: errdefs.ErrInvalidArgument.
 func (p *Proxy) SetPolicy(sandboxID string, pol Policy) error {
 	c, err := compilePolicy(pol)
@@ -183,13 +202,29 @@ func (p *Proxy) SetPolicy(sandboxID string, pol Policy) error {
 		return err
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	old := p.sbs[sandboxID]
 	st := &sandboxState{policy: c}
 	if old != nil {
 		st.secrets = old.secrets
 	}
 	p.sbs[sandboxID] = st
+	var cut []*tracked
+	for _, t := range p.conns[sandboxID] {
+		// A session publishes its dest before it checks the policy again
+		// (see session.admitted); this stores the policy before reading
+		// dests, so one of the two sees the other.
+		if d := t.dest.Load(); d != nil && !p.permits(c, d) {
+			cut = append(cut, t)
+		}
+	}
+	p.mu.Unlock()
+	for _, t := range cut {
+		d := t.dest.Load()
+		p.log.Info("egress connection closed: the new policy refuses it", "sandbox", sandboxID,
+			"host", d.host, "port", d.port, "ip", d.addr.String())
+		t.cut.Store(true)
+		t.cancel()
+	}
 	return nil
 }
 
@@ -234,8 +269,8 @@ func (p *Proxy) RemoveSandbox(sandboxID string) {
 	conns := p.conns[sandboxID]
 	delete(p.conns, sandboxID)
 	p.mu.Unlock()
-	for c, cancel := range conns {
-		cancel() // its upstreams go too, even silent ones
+	for c, t := range conns {
+		t.cancel() // its upstreams go too, even silent ones
 		c.Close()
 	}
 }
@@ -290,20 +325,21 @@ func (p *Proxy) view(sandboxID string) *sandboxState {
 }
 
 // track registers a connection of sandbox id and the cancel of its
-// context; false when the sandbox has MaxConns open already.
-func (p *Proxy) track(id string, c net.Conn, cancel context.CancelFunc) bool {
+// context; nil when the sandbox has MaxConns open already.
+func (p *Proxy) track(id string, c net.Conn, cancel context.CancelFunc) *tracked {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	m := p.conns[id]
 	if m == nil {
-		m = map[net.Conn]context.CancelFunc{}
+		m = map[net.Conn]*tracked{}
 		p.conns[id] = m
 	}
 	if len(m) >= p.cfg.MaxConns {
-		return false
+		return nil
 	}
-	m[c] = cancel
-	return true
+	t := &tracked{cancel: cancel}
+	m[c] = t
+	return t
 }
 
 func (p *Proxy) untrack(id string, c net.Conn) {
@@ -377,64 +413,19 @@ func (p *Proxy) decide(ctx context.Context, sandboxID, host string, port int) de
 		if !a.IsValid() {
 			return deny(ReasonIPLiteral, "malformed IP literal")
 		}
-		a = a.Unmap()
-		for _, r := range pol.deny {
-			if r.matchAddr(a) && r.matchPort(port) {
-				return deny(ReasonDenyRule, "deny "+r.src.String())
-			}
-		}
-		var allowed *rule
-		for _, r := range pol.allow {
-			if r.matchAddr(a) && r.matchPort(port) {
-				allowed = r
-				break
-			}
-		}
-		if allowed == nil || pol.mode == ModeDeny {
-			if msg := portMiss(pol.allow, func(r *rule) bool { return r.matchAddr(a) }, port); msg != "" && pol.mode != ModeDeny {
-				return deny(ReasonNotAllowed, msg)
-			}
-			return deny(ReasonIPLiteral, "IP literal without an allowing CIDR rule")
-		}
-		if n := p.blocked(a); n != "" {
-			return deny(ReasonPrivate, n+" address")
-		}
-		return decision{allow: true, rule: "allow " + allowed.src.String(), addrs: []netip.Addr{a}}
+		return p.admitLiteral(pol, a.Unmap(), port)
 	}
 	if validHostname(h) != nil {
 		return deny(ReasonInvalidHost, "not a host name")
 	}
-	for _, r := range pol.deny {
-		if r.matchName(h) && r.matchPort(port) {
-			return deny(ReasonDenyRule, "deny "+r.src.String())
-		}
-	}
-	var ruleText string
-	switch pol.mode {
-	case ModePublic:
-		ruleText = "public"
-	case ModeAllowlist:
-		for _, r := range pol.allow {
-			if r.matchName(h) && r.matchPort(port) {
-				ruleText = "allow " + r.src.String()
-				break
-			}
-		}
-	}
-	if ruleText == "" {
-		if pol.mode == ModeDeny {
-			return deny(ReasonNotAllowed, "egress is disabled (default deny)")
-		}
-		if msg := portMiss(pol.allow, func(r *rule) bool { return r.matchName(h) }, port); msg != "" && pol.mode == ModeAllowlist {
-			return deny(ReasonNotAllowed, msg)
-		}
-		return deny(ReasonNotAllowed, "not in the allow list")
+	d := admitName(pol, h, port)
+	if !d.allow {
+		return d
 	}
 	ips, err := p.lookup(ctx, h)
 	if err != nil || len(ips) == 0 {
 		return deny(ReasonResolve, "name does not resolve")
 	}
-	d := decision{allow: true, rule: ruleText}
 	var refused decision
 	for _, ip := range ips {
 		a, ok := netip.AddrFromSlice(ip)
@@ -442,13 +433,9 @@ func (p *Proxy) decide(ctx context.Context, sandboxID, host string, port int) de
 			continue
 		}
 		a = a.Unmap()
-		if i := slices.IndexFunc(pol.deny, func(r *rule) bool { return r.matchAddr(a) && r.matchPort(port) }); i >= 0 {
-			refused = deny(ReasonDenyRule, "deny "+pol.deny[i].src.String())
-			continue
-		}
-		if n := p.blocked(a); n != "" {
-			if refused.reason == "" {
-				refused = deny(ReasonPrivate, "resolves to a "+n+" address")
+		if r := p.vetAddr(pol, a, port); r.reason != "" {
+			if refused.reason == "" || r.reason == ReasonDenyRule {
+				refused = r
 			}
 			continue
 		}
@@ -463,6 +450,80 @@ func (p *Proxy) decide(ctx context.Context, sandboxID, host string, port int) de
 	return d
 }
 
+// admitLiteral applies pol to an IP literal destination (a unmapped).
+func (p *Proxy) admitLiteral(pol *compiledPolicy, a netip.Addr, port int) decision {
+	for _, r := range pol.deny {
+		if r.matchAddr(a) && r.matchPort(port) {
+			return deny(ReasonDenyRule, "deny "+r.src.String())
+		}
+	}
+	var allowed *rule
+	for _, r := range pol.allow {
+		if r.matchAddr(a) && r.matchPort(port) {
+			allowed = r
+			break
+		}
+	}
+	if allowed == nil || pol.mode == ModeDeny {
+		if msg := portMiss(pol.allow, func(r *rule) bool { return r.matchAddr(a) }, port); msg != "" && pol.mode != ModeDeny {
+			return deny(ReasonNotAllowed, msg)
+		}
+		return deny(ReasonIPLiteral, "IP literal without an allowing CIDR rule")
+	}
+	if n := p.blocked(a); n != "" {
+		return deny(ReasonPrivate, n+" address")
+	}
+	return decision{allow: true, rule: "allow " + allowed.src.String(), addrs: []netip.Addr{a}}
+}
+
+// admitName applies pol's name rules to a normalized host name, before
+// any lookup: an allowing decision carries the rule, no addresses.
+func admitName(pol *compiledPolicy, h string, port int) decision {
+	for _, r := range pol.deny {
+		if r.matchName(h) && r.matchPort(port) {
+			return deny(ReasonDenyRule, "deny "+r.src.String())
+		}
+	}
+	switch pol.mode {
+	case ModePublic:
+		return decision{allow: true, rule: "public"}
+	case ModeAllowlist:
+		for _, r := range pol.allow {
+			if r.matchName(h) && r.matchPort(port) {
+				return decision{allow: true, rule: "allow " + r.src.String()}
+			}
+		}
+	}
+	if pol.mode == ModeDeny {
+		return deny(ReasonNotAllowed, "egress is disabled (default deny)")
+	}
+	if msg := portMiss(pol.allow, func(r *rule) bool { return r.matchName(h) }, port); msg != "" && pol.mode == ModeAllowlist {
+		return deny(ReasonNotAllowed, msg)
+	}
+	return deny(ReasonNotAllowed, "not in the allow list")
+}
+
+// vetAddr refuses an address a name resolved to when a deny rule covers
+// it or it is in a blocked range (the zero decision when it passes).
+func (p *Proxy) vetAddr(pol *compiledPolicy, a netip.Addr, port int) decision {
+	if i := slices.IndexFunc(pol.deny, func(r *rule) bool { return r.matchAddr(a) && r.matchPort(port) }); i >= 0 {
+		return deny(ReasonDenyRule, "deny "+pol.deny[i].src.String())
+	}
+	if n := p.blocked(a); n != "" {
+		return deny(ReasonPrivate, "resolves to a "+n+" address")
+	}
+	return decision{}
+}
+
+// permits reports whether pol still lets a connection already open to
+// host:port at address a go on (no lookup: the address is the one dialed).
+func (p *Proxy) permits(pol *compiledPolicy, dst *dest) bool {
+	if _, lit := parseIPLiteral(dst.host); lit {
+		return p.admitLiteral(pol, dst.addr, dst.port).allow
+	}
+	return admitName(pol, dst.host, dst.port).allow && p.vetAddr(pol, dst.addr, dst.port).reason == ""
+}
+
 // ServeConn serves one connection tunnelled from sandboxID's proxy
 // endpoint until the client or ctx ends it. It closes c.
 func (p *Proxy) ServeConn(ctx context.Context, sandboxID string, c net.Conn) {
@@ -470,7 +531,7 @@ func (p *Proxy) ServeConn(ctx context.Context, sandboxID string, c net.Conn) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &session{p: p, sb: sandboxID, c: c, br: bufio.NewReaderSize(c, 32<<10), log: p.log.With("sandbox", sandboxID)}
-	if !p.track(sandboxID, c, cancel) {
+	if s.t = p.track(sandboxID, c, cancel); s.t == nil {
 		s.respond(c, http.StatusServiceUnavailable, ReasonConnLimit, fmt.Sprintf("space egress: %d connections open from this sandbox, the most at once", p.cfg.MaxConns))
 		return
 	}
@@ -511,6 +572,7 @@ func (p *Proxy) ServeConn(ctx context.Context, sandboxID string, c net.Conn) {
 type session struct {
 	p   *Proxy
 	sb  string
+	t   *tracked
 	c   net.Conn
 	br  *bufio.Reader
 	log *slog.Logger
@@ -526,6 +588,16 @@ type session struct {
 
 	upsMu sync.Mutex
 	ups   []net.Conn // every upstream opened, for closeAllUpstreams
+}
+
+// admitted publishes the session's upstream for policy changes to see, then
+// checks it against the policy in force now: false when a change made
+// since the decision refuses it (SetPolicy may have looked before this
+// store; this check covers that order).
+func (s *session) admitted(host string, port int, a netip.Addr) bool {
+	d := &dest{host: host, port: port, addr: a}
+	s.t.dest.Store(d)
+	return s.p.permits(s.p.view(s.sb).policy, d)
 }
 
 func (s *session) closeUpstream() {
@@ -566,6 +638,9 @@ func (s *session) audit(rec *Record) {
 	}
 	if rec.Decision == "" {
 		rec.Decision = DecisionAllow
+		if s.t != nil && s.t.cut.Load() && rec.Reason == "" {
+			rec.Reason = ReasonPolicyChanged // let through, then closed by a change
+		}
 	}
 	s.p.cfg.Audit.Audit(*rec)
 	s.p.metrics.observe(*rec)
@@ -671,6 +746,11 @@ func (s *session) plain(ctx context.Context, req *http.Request, hostHdr string) 
 		s.up, s.upbr, s.upKey, s.upIP = up, bufio.NewReader(up), key, ip
 	}
 	rec.IP = s.upIP.String()
+	if !s.admitted(rec.Host, rec.Port, s.upIP) {
+		s.closeUpstream()
+		s.refuse(s.c, rec, http.StatusForbidden, ReasonPolicyChanged, "the sandbox's policy changed while connecting")
+		return false
+	}
 	req.Host = u.Host
 	u0, d0 := s.up.up.Load(), s.up.down.Load()
 	closeAfter, upgraded, err := roundTrip(req, s.c, s.up, s.upbr, nil) // plain HTTP: secrets go only over TLS
@@ -721,6 +801,10 @@ func (s *session) connect(ctx context.Context, req *http.Request) {
 	stop := context.AfterFunc(ctx, func() { up.Close() })
 	defer stop()
 	rec.IP = ip.String()
+	if !s.admitted(rec.Host, port, ip) {
+		s.refuse(s.c, rec, http.StatusForbidden, ReasonPolicyChanged, "the sandbox's policy changed while connecting")
+		return
+	}
 	defer func() { rec.BytesUp, rec.BytesDown = up.up.Load(), up.down.Load() }()
 	if _, err := io.WriteString(s.c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return

@@ -885,3 +885,143 @@ func waitCond(t *testing.T, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestPolicyChangeClosesOpenConnections: taking a destination off a
+// sandbox's policy closes the connections already open to it (raw tunnels,
+// an IP literal's, a plain-HTTP response being streamed), by name rule and
+// by a deny CIDR on the dialed address, and leaves the ones still allowed.
+func TestPolicyChangeClosesOpenConnections(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	release := make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("first\n"))
+		w.(http.Flusher).Flush()
+		<-release
+	})}
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(hl)
+	t.Cleanup(func() { close(release); srv.Close() })
+	hport := hl.Addr().(*net.TCPAddr).Port
+
+	e := newEnv(t)
+	e.allow(t, fmt.Sprintf("allowed.test:%d,other.test:%d,127.0.0.1/32:%d,allowed.test:%d", port, port, port, hport), "")
+	open := func(target string) net.Conn {
+		c, st := e.rawConnect(t, target)
+		if c == nil {
+			t.Fatalf("CONNECT %s: %s", target, st)
+		}
+		return c
+	}
+	alive := func(c net.Conn) bool {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		defer c.SetDeadline(time.Time{})
+		if _, err := c.Write([]byte("\x01ping\n")); err != nil {
+			return false
+		}
+		b := make([]byte, 6)
+		_, err := io.ReadFull(c, b)
+		return err == nil && string(b) == "\x01ping\n"
+	}
+	closed := func(c net.Conn) bool {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		defer c.SetReadDeadline(time.Time{})
+		_, err := c.Read(make([]byte, 1))
+		var ne net.Error
+		return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+	}
+	byName := open(fmt.Sprintf("allowed.test:%d", port))
+	kept := open(fmt.Sprintf("other.test:%d", port))
+	literal := open(fmt.Sprintf("127.0.0.1:%d", port))
+	for i, c := range []net.Conn{byName, kept, literal} {
+		if !alive(c) {
+			t.Fatalf("tunnel %d does not echo", i)
+		}
+	}
+	hc := e.client(false)
+	hc.Timeout = 0 // the response is cut by the proxy or not at all
+	resp, err := hc.Get(fmt.Sprintf("http://allowed.test:%d/", hport))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b := make([]byte, 6); func() bool { _, err := io.ReadFull(resp.Body, b); return err != nil }() {
+		t.Fatal("no first chunk of the streamed response")
+	}
+	body := make(chan error, 1)
+	go func() { _, err := io.ReadAll(resp.Body); body <- err }()
+
+	e.allow(t, fmt.Sprintf("other.test:%d", port), "")
+	if !closed(byName) {
+		t.Error("a tunnel to a host taken off the allow list stayed open")
+	}
+	if !closed(literal) {
+		t.Error("a tunnel to an IP literal whose CIDR rule went stayed open")
+	}
+	select {
+	case <-body:
+	case <-time.After(5 * time.Second):
+		t.Error("a plain-HTTP response from a host taken off the list kept streaming")
+	}
+	if !alive(kept) {
+		t.Fatal("a tunnel the new policy still allows was closed")
+	}
+	// A deny CIDR covering the dialed address closes it too.
+	e.allow(t, fmt.Sprintf("other.test:%d", port), "127.0.0.0/8")
+	if !closed(kept) {
+		t.Error("a tunnel to a now-denied address stayed open")
+	}
+	waitCond(t, "audit records of the closed tunnels", func() bool {
+		n := 0
+		for _, r := range e.ring.Records(testSandbox, 100) {
+			if r.Method == http.MethodConnect && r.Decision == DecisionAllow && r.Reason == ReasonPolicyChanged {
+				n++
+			}
+		}
+		return n == 3
+	})
+}
+
+// TestPolicyChangeDuringDial: a policy change that lands after a
+// connection's decision but before its upstream is published (while it
+// dials) still refuses it.
+func TestPolicyChangeDuringDial(t *testing.T) {
+	var e *env
+	var d net.Dialer
+	e = newEnv(t, func(c *Config) {
+		c.Dialer = dialFunc(func(ctx context.Context, n, a string) (net.Conn, error) {
+			pol, _ := ParsePolicy("", "")
+			if err := e.p.SetPolicy(testSandbox, pol); err != nil {
+				return nil, err
+			}
+			return d.DialContext(ctx, n, a)
+		})
+	})
+	target := fmt.Sprintf("allowed.test:%d", e.tlsPort)
+	e.allow(t, target, "")
+	c, st := e.rawConnect(t, target)
+	if c != nil || !strings.Contains(st, " 403 ") || !strings.Contains(st, "policy changed") {
+		t.Fatalf("CONNECT while the policy changed: %q", st)
+	}
+	e.allow(t, fmt.Sprintf("allowed.test:%d", e.httpPort), "")
+	code, _, err := e.get(t, e.client(false), fmt.Sprintf("http://allowed.test:%d/", e.httpPort))
+	if err != nil || code != http.StatusForbidden {
+		t.Fatalf("plain request while the policy changed: %d %v", code, err)
+	}
+}
