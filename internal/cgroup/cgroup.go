@@ -16,11 +16,14 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -88,14 +91,40 @@ func checkID(id string) error {
 
 // Place makes the sandbox's cgroup(s) with lim and moves pid (its whole
 // thread group; children it starts later follow) into them. On an error
-// the cgroups made are removed.
+// the cgroups made are removed. What pid allocated before the move stays
+// charged where it was: a process that is started here should be started
+// with Start instead.
 func Place(id string, pid int, lim Limits) (err error) {
-	if err := checkID(id); err != nil {
+	ds, err := prepare(id, lim)
+	if err != nil {
 		return err
 	}
-	ds := dirs(id)
-	if len(ds) == 0 {
-		return fmt.Errorf("cgroup: no cgroup hierarchy under %s", Root)
+	defer func() {
+		if err != nil {
+			_ = Remove(id)
+		}
+	}()
+	for _, d := range ds {
+		if err := write(d, "cgroup.procs", strconv.Itoa(pid)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Start makes the sandbox's cgroup(s) with lim and starts cmd inside them,
+// so that the process is limited from its first instruction: moved in
+// after it started (Place), what it allocated or spawned until then stayed
+// charged to the server's cgroup (a VM restoring a 16 GiB checkpoint, a
+// pooled VM booting at full CPU share). On cgroup v2 the child is cloned
+// into the cgroup (CLONE_INTO_CGROUP); v1 moves single threads, so the
+// fork happens on an OS thread moved into the cgroups first, which ends
+// with the goroutine that locked it (it never serves the server again).
+// On an error the cgroups made are removed and cmd was not started.
+func Start(id string, cmd *exec.Cmd, lim Limits) (err error) {
+	ds, err := prepare(id, lim)
+	if err != nil {
+		return err
 	}
 	defer func() {
 		if err != nil {
@@ -103,22 +132,109 @@ func Place(id string, pid int, lim Limits) (err error) {
 		}
 	}()
 	if Unified() {
-		return placeV2(ds[0], pid, lim)
+		f, err := os.Open(ds[0])
+		if err != nil {
+			return fmt.Errorf("cgroup: %w", err)
+		}
+		defer f.Close()
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(f.Fd())
+		return cmd.Start()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		errc <- startOnThread(ds, cmd)
+	}()
+	return <-errc
+}
+
+// startOnThread starts cmd from the calling goroutine's locked OS thread
+// moved into the cgroup directories ds (v1: one per hierarchy), then moves
+// the thread back where it was and unlocks it. A thread that cannot be
+// moved back stays locked, so it ends with its goroutine (the main thread
+// is parked for good instead; moving back is what keeps it out of a
+// sandbox's cgroup).
+func startOnThread(ds []string, cmd *exec.Cmd) error {
+	tid := strconv.Itoa(syscall.Gettid())
+	var back []string
+	for _, d := range ds {
+		ctl := filepath.Base(filepath.Dir(filepath.Dir(d)))
+		cur, err := threadCgroup(ctl)
+		if err != nil {
+			runtime.UnlockOSThread()
+			return err
+		}
+		back = append(back, filepath.Join(Root, ctl, cur))
+	}
+	moved := 0
+	err := func() error {
+		for _, d := range ds {
+			if err := write(d, "tasks", tid); err != nil {
+				return err
+			}
+			moved++
+		}
+		return cmd.Start()
+	}()
+	for _, o := range back[:moved] {
+		if berr := write(o, "tasks", tid); berr != nil {
+			if err == nil && cmd.Process != nil {
+				return nil // started; only this thread is lost
+			}
+			return errors.Join(err, berr)
+		}
+	}
+	runtime.UnlockOSThread()
+	return err
+}
+
+// threadCgroup is the calling thread's cgroup path in the v1 hierarchy of
+// controller.
+func threadCgroup(controller string) (string, error) {
+	b, err := os.ReadFile("/proc/thread-self/cgroup")
+	if err != nil {
+		return "", fmt.Errorf("cgroup: %w", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && slices.Contains(strings.Split(parts[1], ","), controller) {
+			return parts[2], nil
+		}
+	}
+	return "", fmt.Errorf("cgroup: this thread has no %q cgroup", controller)
+}
+
+// prepare makes the sandbox's cgroup(s) with lim (removed again on an
+// error) and returns their directories.
+func prepare(id string, lim Limits) (ds []string, err error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	ds = dirs(id)
+	if len(ds) == 0 {
+		return nil, fmt.Errorf("cgroup: no cgroup hierarchy under %s", Root)
+	}
+	defer func() {
+		if err != nil {
+			_ = Remove(id)
+		}
+	}()
+	if Unified() {
+		return ds, prepareV2(ds[0], lim)
 	}
 	for _, d := range ds {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("cgroup: %w", err)
+			return nil, fmt.Errorf("cgroup: %w", err)
 		}
 		if err := limitV1(d, lim); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	for _, d := range ds {
-		if err := write(d, "cgroup.procs", strconv.Itoa(pid)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return ds, nil
 }
 
 // Files are the interface files and values that apply lim, in the order
@@ -187,7 +303,7 @@ func limitV1(d string, lim Limits) error {
 	return writeFiles(d, mine)
 }
 
-func placeV2(d string, pid int, lim Limits) error {
+func prepareV2(d string, lim Limits) error {
 	// The controllers must be enabled for the parent's children.
 	parent := filepath.Dir(d)
 	if err := os.MkdirAll(parent, 0o755); err != nil {
@@ -201,10 +317,7 @@ func placeV2(d string, pid int, lim Limits) error {
 	if err := os.MkdirAll(d, 0o755); err != nil {
 		return fmt.Errorf("cgroup: %w", err)
 	}
-	if err := writeFiles(d, lim.Files(true)); err != nil {
-		return err
-	}
-	return write(d, "cgroup.procs", strconv.Itoa(pid))
+	return writeFiles(d, lim.Files(true))
 }
 
 // weightOf converts v1 shares to a v2 cpu.weight (1024 ≙ 100).

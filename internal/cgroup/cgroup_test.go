@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -213,5 +215,100 @@ func TestRemoveOrphans(t *testing.T) {
 				t.Errorf("%s: exists %v, want %v", d, err == nil, want)
 			}
 		}
+	}
+}
+
+// Start runs a process inside its sandbox's cgroups from its first
+// instruction, with the limits written before, and leaves none of the
+// server's own threads there; a command that cannot start leaves no
+// cgroup behind.
+func TestStartInsideCgroup(t *testing.T) {
+	needRoot(t)
+	id := fmt.Sprintf("test-start-%d", os.Getpid())
+	t.Cleanup(func() { _ = Remove(id) })
+	cmd := exec.Command("sh", "-c", "cat /proc/self/cgroup; read x")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &lockedOut{}
+	cmd.Stdout = out
+	if err := Start(id, cmd, Limits{CPUs: 1, MemoryMB: 64, Pids: 16}); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	want := "/" + Parent + "/" + id
+	waitFor(t, "the child's own view of its cgroup", func() bool { return strings.Count(out.String(), "\n") >= 1 })
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		ctls := strings.Split(parts[1], ",")
+		if Unified() || slices.Contains(ctls, "cpu") || slices.Contains(ctls, "memory") || slices.Contains(ctls, "pids") {
+			if parts[2] != want {
+				t.Errorf("the child started in %q for %q, want %s", parts[2], parts[1], want)
+			}
+		}
+	}
+	limit := filepath.Join(Root, "memory", Parent, id, "memory.limit_in_bytes")
+	tasks := filepath.Join(Root, "cpu", Parent, id, "tasks")
+	if Unified() {
+		limit = filepath.Join(Root, Parent, id, "memory.max")
+		tasks = filepath.Join(Root, Parent, id, "cgroup.procs")
+	}
+	if got := read(t, limit); got != fmt.Sprint(64<<20) {
+		t.Errorf("memory limit = %q", got)
+	}
+	waitFor(t, "the forking thread to leave the cgroup", func() bool {
+		for _, tid := range strings.Fields(read(t, tasks)) {
+			if _, err := os.Stat("/proc/self/task/" + tid); err == nil {
+				t.Logf("tasks %q; ours %s", read(t, tasks), tid)
+				return false // a thread of this process
+			}
+		}
+		return true
+	})
+	if !slices.Contains(strings.Fields(read(t, tasks)), fmt.Sprint(cmd.Process.Pid)) {
+		t.Errorf("the child %d is not in %s: %q", cmd.Process.Pid, tasks, read(t, tasks))
+	}
+	io.WriteString(stdin, "\n")
+	cmd.Wait()
+	if err := Remove(id); err != nil {
+		t.Fatal(err)
+	}
+
+	bad := exec.Command("/nonexistent/binary")
+	if err := Start(id, bad, Limits{Pids: 16}); err == nil {
+		t.Fatal("a missing binary started")
+	}
+	for _, d := range dirs(id) {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s left after a failed start: %v", d, err)
+		}
+	}
+}
+
+type lockedOut struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedOut) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedOut) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

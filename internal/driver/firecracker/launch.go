@@ -87,7 +87,14 @@ func (i *Instance) launch(ctx context.Context) error {
 	// to the console log; stdin is /dev/null.
 	cmd.Stdout, cmd.Stderr = console, console
 	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	if d.cfg.NoJailer {
+		// A bare Firecracker starts inside its cgroup (see cgroup.Start);
+		// the jailer puts it there itself.
+		err = cgroup.Start(i.id, cmd, i.machine.limits(i.low))
+	} else {
+		err = cmd.Start()
+	}
+	if err != nil {
 		return fmt.Errorf("firecracker: start %s: %w", i.id, err)
 	}
 	var pid int
@@ -129,13 +136,10 @@ func (i *Instance) launch(ctx context.Context) error {
 // confine makes sure Firecracker (pid) runs in the sandbox's cgroup
 // (space/<id>) with its limits: the jailer put it there (--parent-cgroup,
 // --cgroup), which is checked, never assumed (a VM outside its limits is
-// not started); a bare process (NoJailer) is moved there.
+// not started); a bare process (NoJailer) was started there.
 func (i *Instance) confine(pid int) error {
 	if i.d.cfg.NoJailer {
-		if err := cgroup.Place(i.id, pid, i.machine.limits(i.low)); err != nil {
-			return fmt.Errorf("firecracker: %s: %w", i.id, err)
-		}
-		return nil
+		return nil // started in it (launch)
 	}
 	controller := "cpu"
 	if i.d.cgroup2 {

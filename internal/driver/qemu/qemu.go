@@ -441,7 +441,18 @@ func (i *Instance) launch(ctx context.Context, incoming string) error {
 	cmd := exec.CommandContext(ctx, i.d.cfg.QEMU, i.qemuArgs(incoming)...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
-	if err := cmd.Run(); err != nil {
+	// QEMU starts inside the sandbox's cgroup: placed after -daemonize
+	// returned, the booted (or restored) VM's memory and the migration's
+	// cat stayed charged to the server's cgroup.
+	if i.d.cfg.NoCgroups {
+		err = cmd.Start()
+	} else {
+		err = cgroup.Start(i.id, cmd, i.machine.limits(i.low))
+	}
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
 		return fmt.Errorf("qemu: start %s: %v: %s", i.id, err, hostproc.TailFile(logPath, 1500))
 	}
 	pid := hostproc.ReadPid(i.pidPath())
@@ -452,11 +463,6 @@ func (i *Instance) launch(ctx context.Context, incoming string) error {
 	i.pid = pid
 	i.mu.Unlock()
 	go i.capConsole()
-	if !i.d.cfg.NoCgroups {
-		if err := cgroup.Place(i.id, pid, i.machine.limits(i.low)); err != nil {
-			return fmt.Errorf("qemu: start %s: %w", i.id, err) // the caller destroys the VM
-		}
-	}
 	return nil
 }
 
