@@ -313,4 +313,3 @@ func TestCheckpointCutShortResumes(t *testing.T) {
 		t.Log("no checkpoint was cut short (a fast host): nothing was tested")
 	}
 }
-
