@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -127,7 +128,14 @@ func (s *Service) destroy(ctx context.Context, id string, l *live, reason string
 		var h driver.Handle
 		if json.Unmarshal(sb.Handle, &h) == nil {
 			if d := s.drivers[h.Driver]; d != nil {
-				inst, _ = d.Recover(ctx, h)
+				var rerr error
+				if inst, rerr = d.Recover(ctx, h); rerr != nil && !errors.Is(rerr, errdefs.ErrNotFound) {
+					// The driver cannot tell whether it runs: marked
+					// stopped, a live instance would be left behind.
+					s.log.Error("destroy: the driver cannot tell whether the instance runs", "sandbox", id, "err", rerr)
+					_ = s.store.UpdateSandboxState(ctx, id, []string{StateStopping}, StateError, "destroy failed: "+rerr.Error())
+					return errdefs.Unavailable("sandbox %s could not be destroyed; it is marked error and can be killed again", id)
+				}
 			}
 		}
 	}
@@ -240,6 +248,11 @@ func (s *Service) Recover(ctx context.Context) error {
 		}
 	}
 	for _, sb := range sbs {
+		if err := ctx.Err(); err != nil {
+			// Stopped during recovery: the rest stay as they are, for the
+			// next start to re-attach.
+			return err
+		}
 		log := s.log.With("sandbox", sb.ID)
 		var h driver.Handle
 		if sb.State == StatePooled && len(sb.Handle) == 0 {
@@ -256,6 +269,19 @@ func (s *Service) Recover(ctx context.Context) error {
 			continue
 		}
 		inst, err := d.Recover(ctx, h)
+		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// The driver could not tell whether the instance lives (a
+			// runsc or a monitor slow to answer on a busy host): it is
+			// left as it is and tried again in the background; until
+			// then requests get 503 "not attached yet". Marked stopped, a
+			// live sandbox went unreachable for good.
+			log.Warn("sandbox not re-attached yet; trying again in the background", "err", err)
+			s.retryRecover(sb, d, h)
+			continue
+		}
 		if err != nil && sb.State == StatePooled {
 			_ = s.store.DeleteSandbox(ctx, sb.ID)
 			continue
@@ -265,40 +291,94 @@ func (s *Service) Recover(ctx context.Context) error {
 			s.markStopped(ctx, sb, "lost: instance gone after restart")
 			continue
 		}
-		if sb.State == StatePooled {
-			// Warm sandboxes of the previous process: nobody owns them.
-			_ = inst.Destroy(ctx)
-			_ = s.store.DeleteSandbox(ctx, sb.ID)
-			continue
-		}
-		if sb.State != StateRunning && sb.State != StatePaused {
-			// Interrupted mid-create or mid-destroy: finish the job.
-			_ = inst.Destroy(ctx)
-			s.markStopped(ctx, sb, "interrupted by server restart while "+sb.State)
-			continue
-		}
-		l := &live{inst: inst, agent: agentclient.New(inst.DialAgent, log)}
-		if s.egress != nil {
-			if n, err := s.store.GetNetwork(ctx, sb.ID); err == nil {
-				// The agent's endpoint and its processes' env survived;
-				// the proxy's state is rebuilt from the record.
-				if _, err := s.bindNetwork(ctx, sb, n, l.agent, false); err != nil {
-					log.Error("re-bind network after restart", "err", err)
-				}
-			}
-		}
-		if sb.State == StateRunning && sb.Team != poolTeam {
-			l.ready = make(chan struct{})
-			l.opMu.Lock()
-			go s.confirmIdentity(sb, l)
-		}
-		s.mu.Lock()
-		s.live[sb.ID] = l
-		s.mu.Unlock()
-		s.watch(sb.ID, l, nil)
-		log.Info("sandbox re-attached", "state", sb.State)
+		s.attachRecovered(ctx, sb, inst, log)
 	}
 	return nil
+}
+
+// attachRecovered takes over a sandbox a previous server process left,
+// whose instance d.Recover found.
+func (s *Service) attachRecovered(ctx context.Context, sb store.Sandbox, inst driver.Instance, log *slog.Logger) {
+	if sb.State == StatePooled {
+		// Warm sandboxes of the previous process: nobody owns them.
+		_ = inst.Destroy(ctx)
+		_ = s.store.DeleteSandbox(ctx, sb.ID)
+		return
+	}
+	if sb.State != StateRunning && sb.State != StatePaused {
+		// Interrupted mid-create or mid-destroy: finish the job.
+		_ = inst.Destroy(ctx)
+		s.markStopped(ctx, sb, "interrupted by server restart while "+sb.State)
+		return
+	}
+	l := &live{inst: inst, agent: agentclient.New(inst.DialAgent, log)}
+	if s.egress != nil {
+		if n, err := s.store.GetNetwork(ctx, sb.ID); err == nil {
+			// The agent's endpoint and its processes' env survived;
+			// the proxy's state is rebuilt from the record.
+			if _, err := s.bindNetwork(ctx, sb, n, l.agent, false); err != nil {
+				log.Error("re-bind network after restart", "err", err)
+			}
+		}
+	}
+	if sb.State == StateRunning && sb.Team != poolTeam {
+		l.ready = make(chan struct{})
+		l.opMu.Lock()
+		go s.confirmIdentity(sb, l)
+	}
+	s.mu.Lock()
+	s.live[sb.ID] = l
+	s.mu.Unlock()
+	s.watch(sb.ID, l, nil)
+	log.Info("sandbox re-attached", "state", sb.State)
+}
+
+// retryRecover tries to re-attach sb in the background until its driver
+// answers: re-attached when the instance is found, marked stopped when it
+// is gone, left for the next start if the server stops first.
+func (s *Service) retryRecover(sb store.Sandbox, d driver.Driver, h driver.Handle) {
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
+	if s.closing.Load() {
+		return
+	}
+	s.bgWG.Add(1)
+	go func() {
+		defer s.bgWG.Done()
+		log := s.log.With("sandbox", sb.ID)
+		for wait := time.Second; ; wait = min(2*wait, time.Minute) {
+			select {
+			case <-s.bg.Done():
+				return
+			case <-time.After(wait):
+			}
+			inst, err := d.Recover(s.bg, h)
+			switch {
+			case err == nil:
+				// The record may have moved on meanwhile (a kill).
+				cur, gerr := s.store.GetSandbox(s.bg, sb.ID)
+				if gerr != nil || cur.State != sb.State {
+					if gerr == nil && cur.State == StateStopped {
+						_ = inst.Destroy(context.WithoutCancel(s.bg))
+					}
+					return
+				}
+				s.attachRecovered(s.bg, cur, inst, log)
+				return
+			case errors.Is(err, errdefs.ErrNotFound):
+				if sb.State == StatePooled {
+					_ = s.store.DeleteSandbox(s.bg, sb.ID)
+				} else {
+					log.Warn("recover failed; marking stopped", "err", err)
+					s.markStopped(s.bg, sb, "lost: instance gone after restart")
+				}
+				return
+			case s.bg.Err() != nil:
+				return
+			}
+			log.Warn("sandbox still not re-attached", "err", err, "retry_in", min(2*wait, time.Minute))
+		}
+	}()
 }
 
 func (s *Service) markStopped(ctx context.Context, sb store.Sandbox, reason string) {

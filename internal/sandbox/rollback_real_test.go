@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/spacesandbox/space/internal/driver"
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/store"
@@ -19,7 +21,16 @@ import (
 // the next failDestroy destroys fail without doing anything.
 type flakyDriver struct {
 	driver.Driver
-	failStart, failDestroy atomic.Int32
+	failStart, failDestroy, failRecover atomic.Int32
+}
+
+// Recover fails without an answer (as a runsc that timed out) the next
+// failRecover times.
+func (d *flakyDriver) Recover(ctx context.Context, h driver.Handle) (driver.Instance, error) {
+	if d.failRecover.Add(-1) >= 0 {
+		return nil, errdefs.Unavailable("injected: runsc state timed out")
+	}
+	return d.Driver.Recover(ctx, h)
 }
 
 func (d *flakyDriver) Create(ctx context.Context, spec driver.Spec) (driver.Instance, error) {
@@ -43,6 +54,14 @@ func (i *flakyInstance) Start(ctx context.Context) error {
 		return errors.New("injected: start failed")
 	}
 	return nil
+}
+
+// Detach forwards driver.Detacher (a server's shutdown closes the
+// instance's listener; without it the agent kept talking to the old one).
+func (i *flakyInstance) Detach() {
+	if dt, ok := i.Instance.(driver.Detacher); ok {
+		dt.Detach()
+	}
 }
 
 func (i *flakyInstance) Destroy(ctx context.Context) error {
@@ -156,5 +175,75 @@ func TestClaimOverQuotaGivesWarmBack(t *testing.T) {
 	}
 	if got[0] != w.sb.ID && got[1] != w.sb.ID {
 		t.Errorf("the next creates got %v, not the warm sandbox given back (%s)", got, w.sb.ID)
+	}
+}
+
+// TestRecoverUnsureLeavesSandboxRunning: a restarted server whose driver
+// cannot tell whether a sandbox lives (a runsc that timed out) leaves it
+// running, answers 503 "not attached yet" and re-attaches it in the
+// background; one stopped during its start-up recovery (a cancelled
+// context) leaves every sandbox as it was for the next start. Both were
+// destroyed (runsc delete) and marked stopped.
+func TestRecoverUnsureLeavesSandboxRunning(t *testing.T) {
+	fd := &flakyDriver{}
+	svc, st, _ := realServiceWith(t, func(d driver.Driver) driver.Driver { fd.Driver = d; return fd })
+	ctx := context.Background()
+	c := Caller{Team: "t"}
+	sb, err := svc.Create(ctx, c, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Exec(ctx, c, sb.ID, ExecRequest{Cmd: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	svc.Shutdown() // detaches; the sandbox runs on
+	restart := func() *Service {
+		s2 := New(svc.cfg, st, []driver.Driver{fd}, svc.log, NewMetrics(prometheus.NewRegistry(), st.CountSandboxesByState))
+		t.Cleanup(s2.Shutdown)
+		return s2
+	}
+	alive := func(when string) {
+		t.Helper()
+		rec, err := st.GetSandbox(ctx, sb.ID)
+		if err != nil || rec.State != StateRunning {
+			t.Fatalf("%s: record %+v %v, want running", when, rec, err)
+		}
+		var h driver.Handle
+		if err := json.Unmarshal(rec.Handle, &h); err != nil {
+			t.Fatal(err)
+		}
+		inst, err := fd.Driver.Recover(ctx, h)
+		if err != nil {
+			t.Fatalf("%s: the instance is gone: %v", when, err)
+		}
+		inst.(driver.Detacher).Detach() // its listener would take the agent's next connection
+	}
+
+	// Stopped during recovery.
+	s2 := restart()
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := s2.Recover(cctx); err == nil {
+		t.Fatal("a recovery with a cancelled context reported success")
+	}
+	alive("after a recovery cut short")
+	s2.Shutdown()
+
+	// The driver cannot tell, once.
+	s3 := restart()
+	fd.failRecover.Store(1)
+	if err := s3.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	alive("after an unsure recovery")
+	if _, err := s3.Exec(ctx, c, sb.ID, ExecRequest{Cmd: []string{"true"}}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("exec before the background retry: %v, want unavailable", err)
+	}
+	waitUntil(t, "the background retry to re-attach the sandbox", func() bool {
+		_, err := s3.Exec(ctx, c, sb.ID, ExecRequest{Cmd: []string{"true"}})
+		return err == nil
+	})
+	if err := s3.Kill(ctx, c, sb.ID); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/errdefs"
 )
 
 // Setup tells the suite how to make instances of the driver under test.
@@ -293,6 +294,13 @@ func testRecover(t *testing.T, s Setup, d driver.Driver) {
 	c.Close()
 	// A new driver value stands for a restarted server.
 	d2 := s.New(t)
+	// A recovery cut short (the server stopped during its start) is no
+	// verdict on the sandbox: it is left running, not destroyed.
+	cctx, ccancel := context.WithCancel(ctx)
+	ccancel()
+	if _, err := d2.Recover(cctx, h); err == nil || errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("Recover with a cancelled context: %v, want an error other than not found", err)
+	}
 	inst2, err := d2.Recover(ctx, h)
 	if err != nil {
 		t.Fatalf("Recover: %v", err)
@@ -313,8 +321,8 @@ func testRecover(t *testing.T, s Setup, d driver.Driver) {
 	if err := inst2.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d2.Recover(ctx, h); err == nil {
-		t.Errorf("Recover of a destroyed instance succeeded")
+	if _, err := d2.Recover(ctx, h); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Recover of a destroyed instance: %v, want not found", err)
 	}
 }
 

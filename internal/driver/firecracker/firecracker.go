@@ -410,7 +410,12 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	info, err := inst.api().info(ictx)
 	cancel()
 	if err != nil {
-		return lost(err.Error())
+		// The VMM is ours and alive: no answer (a cancelled start, a busy
+		// host) says nothing about the VM, which is left running.
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("firecracker: recover %s: api: %v: %w", h.ID, err, errdefs.ErrUnavailable)
 	}
 	if info.State != stateRunning && info.State != statePaused {
 		return lost(fmt.Sprintf("vm state %q", info.State))

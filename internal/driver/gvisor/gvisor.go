@@ -376,6 +376,15 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	inst := d.newInstance(h.ID, hd.StateDir)
 	inst.created = true
 	st, err := inst.state(ctx)
+	if err != nil && !strings.Contains(err.Error(), "does not exist") {
+		// Not an answer: a cancelled start, a runsc that timed out on a
+		// busy host. The sandbox may well run; destroying it here killed
+		// every sandbox a server stopped during its start-up recovery.
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("gvisor: recover %s: %v: %w", h.ID, err, errdefs.ErrUnavailable)
+	}
 	if err == nil && st.Pid > 0 && !hostproc.Alive(st.Pid) {
 		st.Status = "stopped" // runsc's state file outlived the sandbox process
 	}

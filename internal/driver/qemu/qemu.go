@@ -345,16 +345,30 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	if pid <= 0 || !inst.ours(pid) {
 		return lost("vm process is gone")
 	}
+	// The process is ours and alive: a monitor that does not answer (a
+	// cancelled start, a host too busy for 10 s) says nothing about the
+	// VM, so it is left running (destroying it here killed every VM a
+	// server stopped during its start-up recovery); only a VM that says
+	// it is dead is.
+	unsure := func(err error) (driver.Instance, error) {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("qemu: recover %s: monitor: %v: %w", h.ID, err, errdefs.ErrUnavailable)
+	}
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	q, err := dialQMP(qctx, inst.qmpSock())
 	if err != nil {
-		return lost(err.Error())
+		return unsure(err)
 	}
 	st, err := q.status(qctx)
 	q.Close()
-	if err != nil || st == "shutdown" || st == "internal-error" || st == "guest-panicked" {
-		return lost(fmt.Sprintf("vm status %q (%v)", st, err))
+	if err != nil {
+		return unsure(err)
+	}
+	if st == "shutdown" || st == "internal-error" || st == "guest-panicked" {
+		return lost(fmt.Sprintf("vm status %q", st))
 	}
 	go inst.capConsole()
 	return inst, nil
