@@ -82,8 +82,11 @@ func dirs(id string) []string {
 	return out
 }
 
+// checkID refuses an id that is not one path element, or that holds a
+// glob metacharacter: Remove passes the id to filepath.Glob, where "*"
+// would name every sandbox's cgroups.
 func checkID(id string) error {
-	if id == "" || strings.ContainsAny(id, "/\x00") || id == "." || id == ".." {
+	if id == "" || strings.ContainsAny(id, "/\x00*?[\\") || id == "." || id == ".." {
 		return fmt.Errorf("cgroup: bad sandbox id %q", id)
 	}
 	return nil

@@ -120,7 +120,13 @@ func TestPlaceLimitsAndRemove(t *testing.T) {
 }
 
 func TestBadIDs(t *testing.T) {
-	for _, id := range []string{"", ".", "..", "a/b", "../x"} {
+	for _, id := range []string{"", ".", "..", "a/b", "../x", "*", "sb-?", "sb-[a-z]*", `sb\*`} {
+		// checkID first: Place or Remove of an accepted glob would make a
+		// cgroup named "*" or remove every sandbox's.
+		if err := checkID(id); err == nil {
+			t.Errorf("checkID(%q) accepted", id)
+			continue
+		}
 		if err := Place(id, os.Getpid(), Limits{}); err == nil {
 			t.Errorf("Place(%q) accepted", id)
 		}

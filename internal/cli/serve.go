@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
@@ -80,6 +81,9 @@ func (a *app) serveCommand() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			// The first signal starts the shutdown; a second one ends the
+			// process at once (the default action once no longer caught).
+			context.AfterFunc(ctx, stop)
 			return server.Run(ctx, cfg)
 		},
 	}

@@ -96,22 +96,32 @@ func New(cfg Config) (*Handler, error) {
 }
 
 // Serve listens on addr and serves until ctx ends. It returns once the
-// listener is open; serving errors are logged.
-func Serve(ctx context.Context, addr string, cfg Config) error {
+// listener is open (serving errors are logged) with a wait that returns
+// when the server has shut down: requests in flight get a few seconds,
+// then their contexts are cancelled and their connections closed.
+func Serve(ctx context.Context, addr string, cfg Config) (wait func(), err error) {
 	h, err := New(cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("e2b listen: %w", err)
+		return nil, fmt.Errorf("e2b listen: %w", err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	reqCtx, cancelRequests := context.WithCancel(context.WithoutCancel(ctx))
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		BaseContext: func(net.Listener) context.Context { return reqCtx }}
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
+		defer cancelRequests()
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		if srv.Shutdown(sctx) != nil {
+			cancelRequests()
+			_ = srv.Close()
+		}
 	}()
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -119,7 +129,7 @@ func Serve(ctx context.Context, addr string, cfg Config) error {
 		}
 	}()
 	h.log.Info("serving E2B API", "url", "http://"+ln.Addr().String())
-	return nil
+	return func() { <-done }, nil
 }
 
 // ServeHTTP routes sandbox traffic (by headers or Host) to envd and the

@@ -157,11 +157,18 @@ func (r ExecRequest) agentRequest() agentproto.StartRequest {
 // started observes the start latency and logs the process in the history.
 func (s *Service) started(sb store.Sandbox, pid int, req ExecRequest, start time.Time) {
 	s.metrics.ExecLatency.WithLabelValues(sb.Driver).Observe(s.now().Sub(start).Seconds())
-	cmd := req.Cmd
-	if req.Shell != "" {
-		cmd = []string{"/bin/bash", "-lc", req.Shell}
+	s.procs.add(store.ProcessOp{Start: &store.Process{SandboxID: sb.ID, PID: pid, Cmd: req.recordedCmd(), Background: req.Background, StartedAt: start.UTC()}})
+}
+
+// recordedCmd is the command the history keeps of r: capped here already
+// (store.CapCmd), so the process log's backlog (up to maxProcLogBacklog
+// ops) never holds whole commands of up to maxArgBytes each.
+func (r ExecRequest) recordedCmd() []string {
+	cmd := r.Cmd
+	if r.Shell != "" {
+		cmd = []string{"/bin/bash", "-lc", r.Shell}
 	}
-	s.procs.add(store.ProcessOp{Start: &store.Process{SandboxID: sb.ID, PID: pid, Cmd: cmd, Background: req.Background, StartedAt: start.UTC()}})
+	return store.CapCmd(cmd)
 }
 
 // EventStream is a process's event stream.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/spacesandbox/space/internal/errdefs"
+	"github.com/spacesandbox/space/internal/store"
 )
 
 // TestExecTag: a process tag is bounded printable text; it reaches the
@@ -32,5 +33,29 @@ func TestExecTag(t *testing.T) {
 		if tc.ok && r.agentRequest().Tag != tc.tag {
 			t.Errorf("tag %q not passed to the agent", tc.tag)
 		}
+	}
+}
+
+// TestRecordedCmdCapped: the history's record of a command (what the
+// process log holds until written) is capped, a shell command too.
+func TestRecordedCmdCapped(t *testing.T) {
+	for _, r := range []ExecRequest{
+		{Shell: strings.Repeat("x", maxArgBytes)},
+		{Cmd: []string{"echo", strings.Repeat("y", maxArgBytes-4)}},
+	} {
+		if err := r.validate(); err != nil {
+			t.Fatal(err)
+		}
+		cmd := r.recordedCmd()
+		n := 0
+		for _, a := range cmd {
+			n += len(a) + 1
+		}
+		if n > store.MaxCmdBytes || !strings.HasSuffix(cmd[len(cmd)-1], store.CmdTruncated) {
+			t.Errorf("recorded %d bytes in %d arguments; want at most %d, marked", n, len(cmd), store.MaxCmdBytes)
+		}
+	}
+	if cmd := (ExecRequest{Shell: "ls"}).recordedCmd(); strings.Join(cmd, " ") != "/bin/bash -lc ls" {
+		t.Errorf("short shell command recorded as %q", cmd)
 	}
 }

@@ -53,12 +53,24 @@ func (s *Service) CleanupSnapshots(ctx context.Context) {
 	}
 }
 
-// AutoSnapshotOnce takes the automatic files snapshots that are due.
+// AutoSnapshotOnce takes the automatic files snapshots that are due, a
+// page of running sandboxes at a time: one page only (1,000) left the
+// newer sandboxes of a busier host without a history.
 func (s *Service) AutoSnapshotOnce(ctx context.Context) {
-	sbs, _, err := s.store.ListSandboxes(ctx, store.SandboxFilter{States: []string{StateRunning}, Limit: store.MaxListLimit})
-	if err != nil {
-		return
+	for cursor := ""; ; {
+		sbs, next, err := s.store.ListSandboxes(ctx, store.SandboxFilter{States: []string{StateRunning}, Limit: store.MaxListLimit, After: cursor})
+		if err != nil {
+			return
+		}
+		s.autoSnapshot(ctx, sbs)
+		if cursor = next; cursor == "" || ctx.Err() != nil {
+			return
+		}
 	}
+}
+
+// autoSnapshot takes the automatic snapshots due among sbs.
+func (s *Service) autoSnapshot(ctx context.Context, sbs []store.Sandbox) {
 	for _, sb := range sbs {
 		if ctx.Err() != nil {
 			return

@@ -344,3 +344,32 @@ func TestRestorePathsBounded(t *testing.T) {
 		t.Errorf("%d paths: %v, want invalid argument", len(paths), err)
 	}
 }
+
+// TestAutoSnapshotEveryPage: the rolling history considers every running
+// sandbox, also past the first page of the list (it read one page only,
+// and the newer sandboxes of a host with more never got a snapshot).
+func TestAutoSnapshotEveryPage(t *testing.T) {
+	ctx := context.Background()
+	st, _, svc := historyService(t)
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	svc.now = func() time.Time { return now }
+	n := store.MaxListLimit + 5
+	lives := make([]*live, n)
+	for i := range n {
+		id := fmt.Sprintf("sb-%05d", i)
+		at := now.Add(-time.Hour + time.Duration(i)*time.Millisecond)
+		if err := st.CreateSandbox(ctx, store.Sandbox{ID: id, Team: "t", State: StateRunning, CreatedAt: at}); err != nil {
+			t.Fatal(err)
+		}
+		// No instance: the snapshot fails at once, and the try is
+		// recorded in autoTried.
+		lives[i] = &live{}
+		svc.live[id] = lives[i]
+	}
+	svc.AutoSnapshotOnce(ctx)
+	for i, l := range lives {
+		if l.autoTried.IsZero() {
+			t.Fatalf("sandbox %d of %d (page size %d) never considered", i, n, store.MaxListLimit)
+		}
+	}
+}

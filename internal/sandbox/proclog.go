@@ -34,7 +34,9 @@ func newProcLog(st *store.Store, log *slog.Logger) *procLog {
 }
 
 // maxProcLogBacklog bounds what waits in memory: past it, add writes the
-// backlog itself (back-pressure instead of unbounded growth).
+// backlog itself (back-pressure instead of unbounded growth). A start's
+// command is capped before it is added (store.CapCmd: 4 KiB), so the
+// backlog holds at most ~16 MiB, not 4,096 commands of up to 1 MiB.
 const maxProcLogBacklog = 4096
 
 // procLogGather is how long the writer waits after the first op of a

@@ -56,13 +56,18 @@ type (
 	Request = space.SecurityProbeRequest
 )
 
-// SecretName is the probe secret's name (and its placeholder's variable).
+// SecretName begins the probe secret's name (which is also its
+// placeholder's variable): each run stores its own, SecretName_<random>,
+// and deletes it when done, so a run neither replaces a secret of the
+// team's own nor leaves one behind.
 const SecretName = "SPACE_PROBE_TOKEN"
 
 // Target is what the runner needs of a server.
 type Target interface {
 	// PutSecret stores a secret of the caller's team.
 	PutSecret(ctx context.Context, req space.PutSecretRequest) error
+	// DeleteSecret deletes a secret of the caller's team.
+	DeleteSecret(ctx context.Context, name string) error
 	// CreateSandbox creates a running sandbox with this allow list and
 	// these bound secrets, returning its id.
 	CreateSandbox(ctx context.Context, allow, secrets []string) (string, error)
@@ -181,8 +186,18 @@ func Run(ctx context.Context, target Target, opts Options) (*Report, error) {
 		return nil, err
 	}
 
+	secret := SecretName + "_" + randHex(8)
+	defer func() {
+		// Also after a failed put (it may have been stored) and when
+		// ctx is done: the run's secret must not outlive it.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := target.DeleteSecret(dctx, secret); err != nil && !space.IsNotFound(err) {
+			opts.Log.Warn("security probe: delete the probe secret", "secret", secret, "err", err)
+		}
+	}()
 	if err := target.PutSecret(ctx, space.PutSecretRequest{
-		Name: SecretName, Value: value, Hosts: []string{opts.SecretHost},
+		Name: secret, Value: value, Hosts: []string{opts.SecretHost},
 		Inject: space.SecretInjection{Header: "Authorization", Format: "Bearer {value}"},
 	}); err != nil {
 		return nil, fmt.Errorf("probe secret: %w", err)
@@ -199,7 +214,7 @@ func Run(ctx context.Context, target Target, opts Options) (*Report, error) {
 		policy = []string{"*"} // "*" is a whole allow list: public mode
 	}
 	rep.Policy = policy
-	id, err := target.CreateSandbox(ctx, policy, []string{SecretName})
+	id, err := target.CreateSandbox(ctx, policy, []string{secret})
 	if err != nil {
 		return nil, fmt.Errorf("probe sandbox: %w", err)
 	}
@@ -212,7 +227,7 @@ func Run(ctx context.Context, target Target, opts Options) (*Report, error) {
 
 	baseEnv := map[string]string{
 		"ALLOWED_HOST": host, "ALLOWED_PORT": portStr, "FORBIDDEN": opts.Forbidden,
-		"API_PORT": strconv.Itoa(opts.APIPort), "NONCE": nonce, "SECRET_ENV": SecretName,
+		"API_PORT": strconv.Itoa(opts.APIPort), "NONCE": nonce, "SECRET_ENV": secret,
 		"UNBOUND": opts.Unbound, "UNBOUND_PORT": strconv.Itoa(unbound.port), "REBIND": opts.Rebind,
 		"HOST_FILE": hostFile,
 	}
@@ -370,7 +385,7 @@ func tail(s string, n int) string {
 // host is reachable without a placeholder.
 func controls(ctx context.Context, t Target, id string, env map[string]string, opts Options, unbound *canary, token string) []Result {
 	var out []Result
-	res, err := t.Exec(ctx, id, space.ExecRequest{Env: env, TimeoutS: 30, Shell: `curl -sS --max-time 8 -o /dev/null -w '%{http_connect} %{http_code}' -H "Authorization: Bearer $` + SecretName + `" "https://$ALLOWED_HOST:$ALLOWED_PORT/space-probe-control" 2>&1`})
+	res, err := t.Exec(ctx, id, space.ExecRequest{Env: env, TimeoutS: 30, Shell: `curl -sS --max-time 8 -o /dev/null -w '%{http_connect} %{http_code}' -H "Authorization: Bearer $` + env["SECRET_ENV"] + `" "https://$ALLOWED_HOST:$ALLOWED_PORT/space-probe-control" 2>&1`})
 	r := Result{ID: "allowed-reachable", Name: "The allowed destination works through the proxy", Technique: "curl https://<allow>/ with the placeholder"}
 	switch {
 	case err != nil:

@@ -1,9 +1,13 @@
 package security
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
+
+	space "github.com/spacesandbox/space/sdk/go"
 )
 
 func TestDecide(t *testing.T) {
@@ -56,5 +60,82 @@ func TestProbesWellFormed(t *testing.T) {
 	rep := &Report{Results: []Result{{ID: "a", Result: Blocked}}, Probes: 1}
 	if !strings.HasSuffix(rep.Table(), "\n1 probes, 0 bypassed\n") {
 		t.Errorf("table: %q", rep.Table())
+	}
+}
+
+// fakeTarget records the probe secret's life; its sandbox create fails
+// when failCreate is set, and its execs always fail.
+type fakeTarget struct {
+	failCreate bool
+	cancel     context.CancelFunc // called at the create: the run's ctx ends mid-run
+
+	mu          sync.Mutex
+	put, bound  string
+	deleted     []string
+	deleteCtxOK bool
+}
+
+func (f *fakeTarget) PutSecret(ctx context.Context, req space.PutSecretRequest) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.put = req.Name
+	return nil
+}
+
+func (f *fakeTarget) DeleteSecret(ctx context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deleted = append(f.deleted, name)
+	f.deleteCtxOK = ctx.Err() == nil
+	return nil
+}
+
+func (f *fakeTarget) CreateSandbox(ctx context.Context, allow, secrets []string) (string, error) {
+	f.mu.Lock()
+	f.bound = strings.Join(secrets, ",")
+	f.mu.Unlock()
+	if f.cancel != nil {
+		f.cancel()
+	}
+	if f.failCreate {
+		return "", errors.New("no sandbox")
+	}
+	return "sb-fake", nil
+}
+
+func (f *fakeTarget) Exec(ctx context.Context, id string, req space.ExecRequest) (*space.ExecResult, error) {
+	return nil, errors.New("no exec")
+}
+
+func (f *fakeTarget) EgressLog(ctx context.Context, id string) ([]space.EgressRecord, error) {
+	return nil, nil
+}
+
+func (f *fakeTarget) Destroy(ctx context.Context, id string) error { return nil }
+
+// TestProbeSecretCleanedUp: each run stores a secret of its own name (not
+// SecretName, which replaced a team secret of that name) and deletes it
+// when done, on a context still alive, also when the run fails or its
+// context ended.
+func TestProbeSecretCleanedUp(t *testing.T) {
+	var names []string
+	for _, failCreate := range []bool{true, false} {
+		ctx, cancel := context.WithCancel(t.Context())
+		f := &fakeTarget{failCreate: failCreate, cancel: cancel}
+		_, err := Run(ctx, f, Options{Request: Request{Only: []string{"dns-getent"}}})
+		cancel()
+		if (err != nil) != failCreate {
+			t.Fatalf("run (create fails: %v): %v", failCreate, err)
+		}
+		if !strings.HasPrefix(f.put, SecretName+"_") || f.bound != f.put {
+			t.Errorf("secret stored as %q, bound %q; want %s_<random>, bound", f.put, f.bound, SecretName)
+		}
+		if len(f.deleted) != 1 || f.deleted[0] != f.put || !f.deleteCtxOK {
+			t.Errorf("deleted %q (context alive: %v), want %q once", f.deleted, f.deleteCtxOK, f.put)
+		}
+		names = append(names, f.put)
+	}
+	if names[0] == names[1] {
+		t.Errorf("two runs stored the same secret %q", names[0])
 	}
 }

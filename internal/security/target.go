@@ -31,6 +31,10 @@ func (t *ClientTarget) PutSecret(ctx context.Context, req space.PutSecretRequest
 	return t.c.PutSecret(ctx, req)
 }
 
+func (t *ClientTarget) DeleteSecret(ctx context.Context, name string) error {
+	return t.c.DeleteSecret(ctx, name)
+}
+
 func (t *ClientTarget) CreateSandbox(ctx context.Context, allow, secrets []string) (string, error) {
 	body, _ := json.Marshal(map[string]any{
 		"network":   map[string]any{"allow": allow},

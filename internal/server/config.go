@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -31,7 +32,8 @@ type Config struct {
 	DefaultTimeoutS int // --default-timeout (default 300)
 	MaxTimeoutS     int // --max-timeout (default 86400)
 	// PoolSize is how many warm sandboxes of the default template are kept
-	// started ahead of demand (--pool-size, default 2; 0 turns it off).
+	// started ahead of demand (--pool-size; 0 is the default, 2; -1 turns
+	// it off).
 	PoolSize int
 	// PoolDrivers keeps warm pools of the default template on other
 	// drivers too: "qemu=2" or "qemu=2:256" (size, and memory in MiB),
@@ -163,13 +165,53 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%s %q: want on or off", f.flag, f.v)
 		}
 	}
+	// Timeouts: a negative default gave every sandbox created without a
+	// timeout an expiry in the past (the reaper killed it within a
+	// second), and a default over the cap let a plain create pass it.
+	switch {
+	case c.MaxTimeoutS < 1:
+		return fmt.Errorf("--max-timeout %d: want a number of seconds, 1 or more", c.MaxTimeoutS)
+	case c.DefaultTimeoutS < 1:
+		return fmt.Errorf("--default-timeout %d: want a number of seconds, 1 or more", c.DefaultTimeoutS)
+	case c.DefaultTimeoutS > c.MaxTimeoutS:
+		return fmt.Errorf("--default-timeout %d is over --max-timeout %d", c.DefaultTimeoutS, c.MaxTimeoutS)
+	}
+	// A negative retention made every named snapshot "too old" at the
+	// first retention pass, and GC freed their data.
+	if c.RetentionDays < 1 || c.RetentionDays > MaxRetentionDays {
+		return fmt.Errorf("--retention-days %d: want 1 to %d", c.RetentionDays, MaxRetentionDays)
+	}
+	if c.SnapshotIntervalS < -1 {
+		return fmt.Errorf("--snapshot-interval %d: want -1 (off), 0 (the default) or a number of seconds", c.SnapshotIntervalS)
+	}
+	if c.PoolSize < -1 || c.PoolSize > MaxPoolSize {
+		return fmt.Errorf("--pool-size %d: want -1 (off), 0 (the default) or up to %d", c.PoolSize, MaxPoolSize)
+	}
+	if c.FirecrackerUID < 0 {
+		return fmt.Errorf("--firecracker-uid %d: want a uid, 0 or more", c.FirecrackerUID)
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
+	}
+	// A typo here was retried for good, with /healthz at 503 "starting".
+	if _, err := template.Builtin(c.DefaultTemplate); err != nil {
+		return fmt.Errorf("--template %q: %w", c.DefaultTemplate, err)
+	}
 	return nil
 }
+
+// MaxRetentionDays caps --retention-days (ten years).
+const MaxRetentionDays = 3650
 
 // Files a running server leaves in its data dir for local clients.
 const (
 	KeyFile   = "api-key"    // the admin key, mode 0600
 	ServeFile = "serve.json" // {"url": "http://127.0.0.1:7070"} while the server runs
+	LockFile  = "LOCK"       // flocked by the server using the data dir
 )
 
 // PoolSpec is one entry of --pool-drivers or --pools.

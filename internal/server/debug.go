@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -57,7 +56,7 @@ func serveAside(ctx context.Context, flag, addr string, h http.Handler) (string,
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", flag, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := NewHTTPServer(h)
 	go func() {
 		<-ctx.Done()
 		srv.Close()

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"github.com/spacesandbox/space/internal/driver/gvisor"
 	"github.com/spacesandbox/space/internal/driver/qemu"
 	"github.com/spacesandbox/space/internal/e2b"
+	"github.com/spacesandbox/space/internal/filelock"
 	"github.com/spacesandbox/space/internal/httpapi"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/security"
@@ -42,6 +44,9 @@ import (
 // returns; the next Run on the same data dir re-attaches them.
 func Run(ctx context.Context, cfg Config) error {
 	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
 	log := newLogger(cfg)
 	slog.SetDefault(log)
 	driverPools, err := ParsePoolDrivers(cfg.PoolDrivers)
@@ -55,12 +60,23 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	// One server per data dir, before anything in it is touched: a second
+	// one ran the store's migrations under the first and its driver's
+	// start-up cleanup removed the first's agent copies mid-create. A
+	// server that is still shutting down gets a few seconds.
+	lctx, lcancel := context.WithTimeout(ctx, dataDirLockWait)
+	unlock, err := filelock.Lock(lctx, filepath.Join(cfg.DataDir, LockFile))
+	lcancel()
+	if err != nil {
+		return fmt.Errorf("data dir %s is in use by another space server: %w", cfg.DataDir, err)
+	}
+	defer unlock()
 	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "space.db"))
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
 	defer st.Close()
-	keyPath, err := bootstrapKey(ctx, st, cfg.DataDir)
+	keyPath, err := bootstrapKey(ctx, st, cfg.DataDir, log)
 	if err != nil {
 		return fmt.Errorf("admin key: %w", err)
 	}
@@ -202,7 +218,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
+	// Requests end when the grace period after a shutdown signal does (a
+	// template build an admin started, a long exec stream).
+	reqCtx, cancelRequests := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRequests()
+	srv := NewHTTPServer(api)
+	srv.BaseContext = func(net.Listener) context.Context { return reqCtx }
 	url := "http://" + ln.Addr().String()
 	if err := writeServeFile(cfg.DataDir, url); err != nil {
 		return err
@@ -212,6 +233,10 @@ func Run(ctx context.Context, cfg Config) error {
 
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)
+	// Every return waits for the background work it started (a listener
+	// that fails to open returned with History and Reap still running
+	// into the store's close).
+	defer wg.Wait()
 	defer stopBG()
 	wg.Add(3)
 	go func() {
@@ -257,26 +282,46 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if cfg.E2BListen != "" { // E2B-compatible API (internal/e2b), stops with bg
-		if err := e2b.Serve(bg, cfg.E2BListen, e2b.Config{Service: svc, Store: st, DataDir: cfg.DataDir, Log: log}); err != nil {
+		wait, err := e2b.Serve(bg, cfg.E2BListen, e2b.Config{Service: svc, Store: st, DataDir: cfg.DataDir, Log: log})
+		if err != nil {
 			return err
 		}
+		wg.Add(1)
+		go func() { defer wg.Done(); wait() }()
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
-		stopBG()
-		wg.Wait()
 		return fmt.Errorf("http: %w", err)
 	}
 	log.Info("shutting down")
 	stopBG()
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
-	_ = srv.Shutdown(sctx)
-	wg.Wait()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("requests still running after the grace period are cut", "grace", shutdownGrace)
+		cancelRequests()
+		_ = srv.Close()
+	}
 	return nil
+}
+
+// dataDirLockWait is how long a server waits for another one to leave its
+// data dir (one shutting down).
+var dataDirLockWait = 10 * time.Second
+
+// shutdownGrace is how long requests in flight get after a shutdown signal.
+const shutdownGrace = 5 * time.Second
+
+// NewHTTPServer is the http.Server of every listener the server opens:
+// bounded header reads, and idle keep-alive connections closed after two
+// minutes (without IdleTimeout and ReadTimeout Go waits for a
+// connection's next request for good: anyone could hold file descriptors
+// open with one request each).
+func NewHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 }
 
 func newLogger(cfg Config) *slog.Logger {
@@ -290,26 +335,39 @@ func newLogger(cfg Config) *slog.Logger {
 }
 
 // bootstrapKey makes sure the data dir has an admin key file whose hash is
-// in the store, creating both on first start.
-func bootstrapKey(ctx context.Context, st *store.Store, dataDir string) (string, error) {
+// in the store, creating both on first start. A file whose key is not in
+// the store was either revoked (deleted through the API: other admin keys
+// exist, as the last one cannot be deleted) and is replaced by a new key,
+// never revived, or belongs to a store that has no admin key at all (the
+// database was reset) and is added back.
+func bootstrapKey(ctx context.Context, st *store.Store, dataDir string, log *slog.Logger) (string, error) {
 	path := filepath.Join(dataDir, KeyFile)
 	b, err := os.ReadFile(path)
-	switch {
-	case err == nil:
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return path, err
+	}
+	add := func(key string) error {
+		return st.CreateKey(ctx, store.Key{ID: httpapi.NewKeyID(), Hash: httpapi.HashKey(key), Team: "admin", Admin: true, Name: "bootstrap", CreatedAt: time.Now().UTC()})
+	}
+	if err == nil {
 		key := strings.TrimSpace(string(b))
 		if _, err := st.KeyByHash(ctx, httpapi.HashKey(key)); err == nil {
 			return path, nil
 		}
-		return path, st.CreateKey(ctx, store.Key{ID: httpapi.NewKeyID(), Hash: httpapi.HashKey(key), Team: "admin", Admin: true, Name: "bootstrap", CreatedAt: time.Now().UTC()})
-	case errors.Is(err, os.ErrNotExist):
-		key := httpapi.NewKey()
-		if err := st.CreateKey(ctx, store.Key{ID: httpapi.NewKeyID(), Hash: httpapi.HashKey(key), Team: "admin", Admin: true, Name: "bootstrap", CreatedAt: time.Now().UTC()}); err != nil {
+		keys, err := st.ListKeys(ctx, "")
+		if err != nil {
 			return path, err
 		}
-		return path, writeFileAtomic(path, []byte(key+"\n"), 0o600)
-	default:
+		if !slices.ContainsFunc(keys, func(k store.Key) bool { return k.Admin }) {
+			return path, add(key)
+		}
+		log.Warn("the admin key in the key file was deleted through the API; writing a new one there (the old key stays revoked)", "file", path)
+	}
+	key := httpapi.NewKey()
+	if err := add(key); err != nil {
 		return path, err
 	}
+	return path, writeFileAtomic(path, []byte(key+"\n"), 0o600)
 }
 
 func writeServeFile(dataDir, url string) error {

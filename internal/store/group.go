@@ -39,6 +39,9 @@ type group struct {
 type groupWrite struct {
 	query string
 	args  []any
+	// then, if set, runs right after the statement in its transaction;
+	// its error is the write's outcome (see execThen).
+	then func(ctx context.Context, t tx, res sql.Result) error
 
 	res  sql.Result
 	err  error
@@ -50,7 +53,14 @@ type groupWrite struct {
 // write is not given up: returning early on a cancelled caller could
 // report as failed a claim that then commits.
 func (g *group) exec(query string, args ...any) (sql.Result, error) {
-	w := &groupWrite{query: query, args: args, done: make(chan struct{})}
+	return g.execThen(nil, query, args...)
+}
+
+// execThen is exec, with then (if not nil) run right after the statement
+// in the same transaction, seeing what the statement saw (a claim that
+// changed no row reads why); then's error is returned as the write's.
+func (g *group) execThen(then func(ctx context.Context, t tx, res sql.Result) error, query string, args ...any) (sql.Result, error) {
+	w := &groupWrite{query: query, args: args, then: then, done: make(chan struct{})}
 	g.mu.Lock()
 	g.queue = append(g.queue, w)
 	start := !g.running
@@ -93,6 +103,7 @@ func (g *group) run() {
 func (g *group) commit(batch []*groupWrite) (retry []*groupWrite) {
 	ctx := context.Background()
 	results := make([]sql.Result, len(batch))
+	outcomes := make([]error, len(batch)) // what each write's then said
 	failed := -1
 	var stmtErr error
 	g.commits.Add(1)
@@ -104,6 +115,9 @@ func (g *group) commit(batch []*groupWrite) (retry []*groupWrite) {
 				return err
 			}
 			results[i] = res
+			if w.then != nil {
+				outcomes[i] = w.then(ctx, t, res)
+			}
 		}
 		return nil
 	})
@@ -122,7 +136,7 @@ func (g *group) commit(batch []*groupWrite) (retry []*groupWrite) {
 		}
 	default:
 		for i, w := range batch {
-			w.res = results[i]
+			w.res, w.err = results[i], outcomes[i]
 			close(w.done)
 		}
 	}

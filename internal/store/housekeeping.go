@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
-	"github.com/spacesandbox/space/internal/errdefs"
 	"time"
+
+	"github.com/spacesandbox/space/internal/errdefs"
 )
 
 // SetSandboxTimeout sets sandbox id's timeout and its new expiry if it is
@@ -122,17 +125,20 @@ func (s *Store) ClaimSandboxWithin(ctx context.Context, sb Sandbox, q Quota) err
 		args = append(args, withinArgs(sb.Team, SizeOf(sb), q)...)
 	}
 	// Claims come in bursts (a burst of warm creates): they share
-	// transactions.
-	res, err := s.grouped.exec(query, args...)
-	if err != nil {
-		return fmt.Errorf("store: claim sandbox: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	// transactions. A claim that changed no row is explained in its
+	// transaction, by what its statement saw.
+	_, err = s.grouped.execThen(func(ctx context.Context, t tx, res sql.Result) error {
+		if n, _ := res.RowsAffected(); n > 0 {
+			return nil
+		}
 		notPooled := errdefs.Conflict("sandbox %s is not pooled", sb.ID)
 		if q.SandboxesUnlimited() {
 			return notPooled
 		}
-		return s.refused(ctx, sb.Team, SizeOf(sb), q, notPooled)
+		return refused(ctx, t, sb.Team, SizeOf(sb), q, notPooled)
+	}, query, args...)
+	if err != nil && !errors.Is(err, errdefs.ErrConflict) && !errors.Is(err, errdefs.ErrQuotaExceeded) {
+		return fmt.Errorf("store: claim sandbox: %w", err)
 	}
-	return nil
+	return err
 }

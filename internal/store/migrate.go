@@ -178,6 +178,13 @@ ALTER TABLE pool_settings ADD COLUMN prestart INTEGER NOT NULL DEFAULT 1;
 	`
 ALTER TABLE snapshots ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
 `,
+	// 16: a sandbox left in state error (its instance could not be
+	// destroyed) counts against its team's quota: the live-team index
+	// names the quota's states (liveStates), error now among them.
+	`
+DROP INDEX sandboxes_live_team;
+CREATE INDEX sandboxes_live_team ON sandboxes(team, state, memory_mb, cpu) WHERE state IN ('creating', 'running', 'paused', 'stopping', 'error');
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending
@@ -189,6 +196,15 @@ func migrate(ctx context.Context, db *sql.DB) error {
 		applied_at INTEGER NOT NULL
 	)`); err != nil {
 		return fmt.Errorf("store: create schema_version: %w", err)
+	}
+	// A newer binary's schema: this one would run on tables and indexes it
+	// does not know (a downgrade), so it refuses instead.
+	var newest int
+	if err := db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_version`).Scan(&newest); err != nil {
+		return fmt.Errorf("store: read schema_version: %w", err)
+	}
+	if newest > len(migrations) {
+		return fmt.Errorf("store: database schema version %d is newer than this binary's %d (a newer space wrote it); refusing to open it: run that version or a newer one", newest, len(migrations))
 	}
 	for i, m := range migrations {
 		version := i + 1

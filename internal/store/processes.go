@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -24,6 +26,58 @@ type Process struct {
 	ExitedAt   *time.Time // nil while running
 }
 
+// MaxProcessesPerSandbox is how many process records a sandbox keeps: the
+// transaction that records a start deletes the oldest beyond it. Every
+// exec adds a record, and records went only with their sandbox's (24 h
+// after it stopped): a sandbox that ran commands in a loop for days grew
+// the table without bound.
+const MaxProcessesPerSandbox = 1000
+
+// MaxCmdBytes bounds the command a process record keeps (its arguments'
+// bytes, and one per argument): a command may take up to 1 MiB, and each
+// was stored whole, and held whole in the process log's backlog until
+// written. A longer one is cut, and ends in CmdTruncated.
+const MaxCmdBytes = 4096
+
+// CmdTruncated ends the last argument of a command cut to MaxCmdBytes.
+const CmdTruncated = "…(truncated)"
+
+// CapCmd returns cmd, or, when it is longer than MaxCmdBytes, its
+// arguments up to that size, the last one cut (on a character boundary)
+// and marked with CmdTruncated.
+func CapCmd(cmd []string) []string {
+	n := 0
+	for _, a := range cmd {
+		n += len(a) + 1
+	}
+	if n <= MaxCmdBytes {
+		return cmd
+	}
+	budget := MaxCmdBytes - len(CmdTruncated) - 1
+	var out []string
+	used := 0
+	for _, a := range cmd {
+		if used+len(a)+1 <= budget {
+			out = append(out, a)
+			used += len(a) + 1
+			continue
+		}
+		room := max(budget-used-1, 0) // < len(a)
+		for room > 0 && !utf8.RuneStart(a[room]) {
+			room--
+		}
+		return append(out, a[:room]+CmdTruncated)
+	}
+	return out // not reached: some argument crosses the budget
+}
+
+// trimProcessesSQL deletes the records of a sandbox older than its
+// newest MaxProcessesPerSandbox (arguments: the sandbox twice, the
+// limit). Both the walk back to the limit and the delete are ranges of
+// the index processes_sandbox_seq; nothing older than the limit is read.
+const trimProcessesSQL = `DELETE FROM processes WHERE sandbox_id = ? AND seq <= (
+	SELECT seq FROM processes WHERE sandbox_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)`
+
 // RecordProcess stores a started process. A PID may be recorded again once
 // its earlier process has exited (PIDs are reused in long-lived sandboxes).
 // StartedAt defaults to now. Errors: errdefs.ErrNotFound if the sandbox
@@ -35,7 +89,7 @@ func (s *Store) RecordProcess(ctx context.Context, p Process) error {
 	if p.StartedAt.IsZero() {
 		p.StartedAt = time.Now()
 	}
-	cmd, err := json.Marshal(p.Cmd)
+	cmd, err := json.Marshal(CapCmd(p.Cmd))
 	if err != nil {
 		return fmt.Errorf("store: encode cmd: %w", err)
 	}
@@ -43,13 +97,18 @@ func (s *Store) RecordProcess(ctx context.Context, p Process) error {
 	if p.ExitCode != nil {
 		code = sql.NullInt64{Int64: int64(*p.ExitCode), Valid: true}
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO processes(sandbox_id, pid, cmd, tag, background, started_at, exit_code, exited_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-		p.SandboxID, p.PID, string(cmd), p.Tag, boolInt(p.Background), toNanos(p.StartedAt), code, toNullNanos(p.ExitedAt))
-	if err != nil {
-		return classify(err, fmt.Sprintf("process %d of sandbox %s", p.PID, p.SandboxID))
-	}
-	return nil
+	return s.inTx(ctx, func(t tx) error {
+		_, err := t.ExecContext(ctx, `INSERT INTO processes(sandbox_id, pid, cmd, tag, background, started_at, exit_code, exited_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			p.SandboxID, p.PID, string(cmd), p.Tag, boolInt(p.Background), toNanos(p.StartedAt), code, toNullNanos(p.ExitedAt))
+		if err != nil {
+			return classify(err, fmt.Sprintf("process %d of sandbox %s", p.PID, p.SandboxID))
+		}
+		if _, err := t.ExecContext(ctx, trimProcessesSQL, p.SandboxID, p.SandboxID, MaxProcessesPerSandbox); err != nil {
+			return fmt.Errorf("store: trim processes: %w", err)
+		}
+		return nil
+	})
 }
 
 // FinishProcess records the exit of the running process pid of sandboxID
@@ -144,13 +203,20 @@ type ProcessExit struct {
 // ApplyProcessOps applies ops in order in one transaction. Ops whose
 // sandbox is gone (a start) or whose process is unknown (an exit) are
 // skipped: the batch is a log, and one stale entry must not lose the rest.
+// Each sandbox a start was recorded for then keeps its newest
+// MaxProcessesPerSandbox records (once per batch: the trim walks that many
+// index entries).
 func (s *Store) ApplyProcessOps(ctx context.Context, ops []ProcessOp) error {
 	return s.inTx(ctx, func(tx tx) error {
+		var started []string // sandboxes to trim, each once
 		for _, op := range ops {
 			switch {
 			case op.Start != nil:
 				p := op.Start
-				cmd, err := json.Marshal(p.Cmd)
+				if !slices.Contains(started, p.SandboxID) {
+					started = append(started, p.SandboxID)
+				}
+				cmd, err := json.Marshal(CapCmd(p.Cmd))
 				if err != nil {
 					return fmt.Errorf("store: encode cmd: %w", err)
 				}
@@ -166,6 +232,11 @@ func (s *Store) ApplyProcessOps(ctx context.Context, ops []ProcessOp) error {
 					e.ExitCode, toNanos(e.ExitedAt), e.SandboxID, e.PID); err != nil {
 					return fmt.Errorf("store: finish process: %w", err)
 				}
+			}
+		}
+		for _, id := range started {
+			if _, err := tx.ExecContext(ctx, trimProcessesSQL, id, id, MaxProcessesPerSandbox); err != nil {
+				return fmt.Errorf("store: trim processes: %w", err)
 			}
 		}
 		return nil

@@ -12,7 +12,7 @@ import (
 
 // Quota limits what one team holds at once. A zero field is no limit.
 type Quota struct {
-	MaxSandboxes  int // sandboxes holding host resources (creating, running, paused, stopping)
+	MaxSandboxes  int // sandboxes holding host resources (creating, running, paused, stopping, error)
 	MaxMemoryMB   int // the sum of their memory
 	MaxCPU        int // the sum of their CPUs (a CPU is one core's time; the host shares its cores)
 	MaxSnapshotMB int // distinct data its snapshots hold (checked by the service before each snapshot)
@@ -42,11 +42,13 @@ type Size struct {
 func SizeOf(sb Sandbox) Size { return Size{CPU: sb.CPU, MemoryMB: sb.MemoryMB} }
 
 // liveStates are the states that hold host resources. A paused sandbox is
-// frozen in memory; pooled sandboxes belong to no team. The partial index
+// frozen in memory; one in error is a failed create or destroy whose
+// instance may still run (the sandbox service keeps its record until a
+// kill destroys it); pooled sandboxes belong to no team. The partial index
 // sandboxes_live_team names the same list and holds every column usageSQL
 // and withinSQL read, so counting reads the index only (TestUsageReadsIndexOnly):
 // every claim counts its team's sandboxes inside the one write transaction.
-const liveStates = `('creating', 'running', 'paused', 'stopping')`
+const liveStates = `('creating', 'running', 'paused', 'stopping', 'error')`
 
 // usageSQL counts a team's live sandboxes, their memory and their CPUs.
 const usageSQL = `SELECT COUNT(*), COALESCE(SUM(memory_mb), 0), COALESCE(SUM(cpu), 0) FROM sandboxes WHERE team = ? AND state IN ` + liveStates
@@ -82,7 +84,7 @@ func (q Quota) fits(u Usage, n int, sz Size) bool {
 // which limit and what the team holds.
 func quotaError(team string, q Quota, u Usage, n int, sz Size) error {
 	if q.MaxSandboxes > 0 && u.Sandboxes+n > q.MaxSandboxes {
-		return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s has %d of its %d sandboxes (running or paused); %d more do not fit", team, u.Sandboxes, q.MaxSandboxes, n)
+		return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s has %d of its %d sandboxes (not stopped); %d more do not fit", team, u.Sandboxes, q.MaxSandboxes, n)
 	}
 	if q.MaxCPU > 0 && u.CPU+n*sz.CPU > q.MaxCPU {
 		return errdefs.Newf(errdefs.ErrQuotaExceeded, "team %s uses %d of its %d CPUs; %d more do not fit", team, u.CPU, q.MaxCPU, n*sz.CPU)
@@ -109,17 +111,28 @@ func (s *Store) CheckQuota(ctx context.Context, team string, n int, sz Size, q Q
 }
 
 // refused explains a quota-checked write that changed no row: the quota,
-// or (when the quota has room, so the row was the reason) other.
-func (s *Store) refused(ctx context.Context, team string, sz Size, q Quota, other error) error {
-	u, err := s.TeamUsage(ctx, team)
-	if err != nil {
-		return err
+// or (when the quota has room, so the row was the reason) other. It reads
+// the usage in the write's own transaction t, so it sees what the write
+// saw: read after the commit, a sandbox of the team that stopped meanwhile
+// turned a quota refusal into other (a 500 for a create; for a claim "not
+// pooled", and the service destroyed a healthy warm sandbox).
+func refused(ctx context.Context, t tx, team string, sz Size, q Quota, other error) error {
+	if beforeRefusal != nil {
+		beforeRefusal()
+	}
+	var u Usage
+	if err := t.QueryRowContext(ctx, usageSQL, team).Scan(&u.Sandboxes, &u.MemoryMB, &u.CPU); err != nil {
+		return fmt.Errorf("store: team usage: %w", err)
 	}
 	if !q.fits(u, 1, sz) {
 		return quotaError(team, q, u, 1, sz)
 	}
 	return other
 }
+
+// beforeRefusal, when set (tests), runs when a quota-checked write changed
+// no row, before refused reads why.
+var beforeRefusal func()
 
 // GetQuota returns team's own quota. Errors: errdefs.ErrNotFound when the
 // team has none (the server's default applies).

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -86,6 +88,78 @@ func TestQuotaCreate(t *testing.T) {
 	}
 	if err := s.CheckQuota(ctx, "t2", 1, Size{CPU: 2, MemoryMB: 512}, q); err != nil {
 		t.Fatalf("CheckQuota with room: %v", err)
+	}
+}
+
+// A sandbox left in state error (its instance could not be destroyed, so
+// it may still hold memory and CPUs) counts against its team's quota until
+// it stops.
+func TestQuotaCountsError(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	q := Quota{MaxSandboxes: 2}
+	for i := range 2 {
+		if err := s.CreateSandboxWithin(ctx, newSandbox(fmt.Sprint("sb", i), "t1", "creating"), q); err != nil {
+			t.Fatalf("create %d of 2: %v", i, err)
+		}
+	}
+	if err := s.UpdateSandboxState(ctx, "sb0", []string{"creating"}, "error", "destroy failed"); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := s.TeamUsage(ctx, "t1"); err != nil || u != (Usage{Sandboxes: 2, MemoryMB: 1024, CPU: 4}) {
+		t.Fatalf("usage with one sandbox in error = %+v, %v", u, err)
+	}
+	if err := s.CreateSandboxWithin(ctx, newSandbox("sb2", "t1", "creating"), q); !errors.Is(err, errdefs.ErrQuotaExceeded) {
+		t.Fatalf("third sandbox while one of two is in error: %v", err)
+	}
+	if err := s.UpdateSandboxState(ctx, "sb0", []string{"error"}, StateStopped, "killed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandboxWithin(ctx, newSandbox("sb2", "t1", "creating"), q); err != nil {
+		t.Fatalf("once the one in error stopped: %v", err)
+	}
+}
+
+// A refusal is explained by what the refused write saw: a sandbox of the
+// team that stops right after the write (injected at beforeRefusal) must
+// not turn the quota error into a 500 for a create or into "not pooled"
+// for a claim (whose warm sandbox the service would then destroy).
+func TestQuotaRefusalConsistent(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	createPooled(t, s, 1)
+	q := Quota{MaxSandboxes: 1}
+	var stopping string // the sandbox the hook stops
+	stopped := make(chan error, 1)
+	beforeRefusal = func() {
+		go func() { stopped <- s.UpdateSandboxState(context.Background(), stopping, nil, StateStopped, "killed") }()
+		// Give the stop its chance: it waits while the refused write's
+		// transaction holds the writer.
+		select {
+		case err := <-stopped:
+			stopped <- err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	t.Cleanup(func() { beforeRefusal = nil })
+	for i, try := range []func(Quota) error{
+		func(q Quota) error { return s.CreateSandboxWithin(ctx, newSandbox("new", "t1", "creating"), q) },
+		func(q Quota) error { return s.ClaimSandboxWithin(ctx, newSandbox("pool0", "t1", "running"), q) },
+	} {
+		stopping = fmt.Sprint("held", i)
+		if err := s.CreateSandboxWithin(ctx, newSandbox(stopping, "t1", "running"), q); err != nil {
+			t.Fatal(err)
+		}
+		err := try(q)
+		if !errors.Is(err, errdefs.ErrQuotaExceeded) {
+			t.Errorf("write %d refused at the quota, a sandbox stopping meanwhile: %v, want the quota error", i, err)
+		}
+		if err := <-stopped; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sb, err := s.GetSandbox(ctx, "pool0"); err != nil || sb.State != "pooled" {
+		t.Errorf("refused claim left %+v, %v", sb, err)
 	}
 }
 

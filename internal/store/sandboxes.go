@@ -136,15 +136,18 @@ func (s *Store) CreateSandboxWithin(ctx context.Context, sb Sandbox, q Quota) er
 		_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES (`+values+`)`, args...)
 		return classify(err, "sandbox "+sb.ID)
 	}
-	res, err := s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) SELECT `+values+` WHERE `+withinSQL,
-		append(args, withinArgs(sb.Team, SizeOf(sb), q)...)...)
-	if err != nil {
-		return classify(err, "sandbox "+sb.ID)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return s.refused(ctx, sb.Team, SizeOf(sb), q, fmt.Errorf("store: sandbox %s not stored", sb.ID))
-	}
-	return nil
+	// One transaction: a refusal is explained by what the insert saw.
+	return s.inTx(ctx, func(t tx) error {
+		res, err := t.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) SELECT `+values+` WHERE `+withinSQL,
+			append(args, withinArgs(sb.Team, SizeOf(sb), q)...)...)
+		if err != nil {
+			return classify(err, "sandbox "+sb.ID)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return refused(ctx, t, sb.Team, SizeOf(sb), q, fmt.Errorf("store: sandbox %s not stored", sb.ID))
+		}
+		return nil
+	})
 }
 
 // GetSandbox returns the sandbox id. Errors: errdefs.ErrNotFound.

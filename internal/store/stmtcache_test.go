@@ -34,8 +34,8 @@ func TestStatementCache(t *testing.T) {
 			t.Fatal(err)
 		}
 		switch got := cachedCount(s.w); {
-		case i == 0 && got != w+2:
-			t.Fatalf("after the first batch the writer caches %d statements, want %d (insert and update)", got, w+2)
+		case i == 0 && got != w+3:
+			t.Fatalf("after the first batch the writer caches %d statements, want %d (insert, update and trim)", got, w+3)
 		case i > 0 && got != w:
 			t.Fatalf("batch %d prepared again: %d cached, was %d", i, got, w)
 		}

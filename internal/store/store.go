@@ -47,7 +47,8 @@ const busyTimeout = 10 * time.Second
 
 // Open opens (creating if needed) the SQLite database at path and brings
 // its schema up to date. Migrations are idempotent: reopening an up-to-date
-// file changes nothing.
+// file changes nothing. A file a newer binary migrated (a schema version
+// past this one's) is refused: running on it would be a silent downgrade.
 func Open(ctx context.Context, path string) (*Store, error) {
 	if path == "" {
 		return nil, errdefs.InvalidArgument("store: empty database path")

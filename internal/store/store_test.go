@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -598,5 +600,137 @@ func TestApplyProcessOps(t *testing.T) {
 	}
 	if gone, _ := s.ListProcesses(ctx, "gone"); len(gone) != 0 {
 		t.Fatalf("process of a missing sandbox recorded: %+v", gone)
+	}
+}
+
+// A database a newer binary migrated is refused, naming both versions:
+// running on a schema it does not know would be a silent downgrade.
+func TestNewerSchemaRefused(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "space.db")
+	s := openTest(t, path)
+	newer := len(migrations) + 1
+	if _, err := s.w.ExecContext(ctx, `INSERT INTO schema_version(version, applied_at) VALUES (?, 0)`, newer); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s2, err := Open(ctx, path)
+	if err == nil {
+		s2.Close()
+		t.Fatal("opened a database of a newer schema version")
+	}
+	if want := fmt.Sprintf("version %d is newer than this binary's %d", newer, len(migrations)); !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not say %q", err, want)
+	}
+}
+
+// A process record keeps at most MaxCmdBytes of its command (a command may
+// be up to 1 MiB), the cut marked; a short command is kept as it is.
+func TestProcessCmdCapped(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	if err := s.CreateSandbox(ctx, newSandbox("sb1", "t1", "running")); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	long := []string{"/bin/bash", "-lc", strings.Repeat("é", 1<<19)} // 1 MiB, 2-byte characters
+	many := make([]string, 100000)                                   // as many empty arguments
+	short := []string{"echo", "hi"}
+	if err := s.ApplyProcessOps(ctx, []ProcessOp{
+		{Start: &Process{SandboxID: "sb1", PID: 1, Cmd: long, StartedAt: now}},
+		{Start: &Process{SandboxID: "sb1", PID: 2, Cmd: many, StartedAt: now}},
+		{Start: &Process{SandboxID: "sb1", PID: 3, Cmd: short, StartedAt: now}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordProcess(ctx, Process{SandboxID: "sb1", PID: 4, Cmd: long}); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := s.ListProcesses(ctx, "sb1")
+	if err != nil || len(ps) != 4 {
+		t.Fatalf("ListProcesses = %d records, %v", len(ps), err)
+	}
+	for _, p := range []Process{ps[0], ps[1], ps[3]} {
+		n := 0
+		for _, a := range p.Cmd {
+			n += len(a) + 1
+		}
+		last := p.Cmd[len(p.Cmd)-1]
+		if n > MaxCmdBytes || !strings.HasSuffix(last, CmdTruncated) || !utf8.ValidString(last) {
+			t.Errorf("process %d: %d bytes in %d arguments, last ends %q; want at most %d, marked", p.PID, n, len(p.Cmd), last[max(0, len(last)-20):], MaxCmdBytes)
+		}
+		if !slices.Equal(CapCmd(p.Cmd), p.Cmd) {
+			t.Errorf("process %d: a capped command capped again changes", p.PID)
+		}
+	}
+	if p := ps[0]; p.Cmd[0] != "/bin/bash" || p.Cmd[1] != "-lc" || !strings.HasPrefix(p.Cmd[2], "éé") {
+		t.Errorf("capped command lost its start: %q", p.Cmd[:2])
+	}
+	if !slices.Equal(ps[2].Cmd, short) {
+		t.Errorf("short command stored as %q", ps[2].Cmd)
+	}
+}
+
+// A sandbox keeps its newest MaxProcessesPerSandbox process records: the
+// transaction that records a start deletes the oldest beyond them, and
+// another sandbox's records are not touched.
+func TestProcessesTrimmed(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	for _, id := range []string{"sb1", "sb2"} {
+		if err := s.CreateSandbox(ctx, newSandbox(id, "t1", "running")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now().UTC()
+	if err := s.RecordProcess(ctx, Process{SandboxID: "sb2", PID: 1, Cmd: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	// In batches as the process log writes them, the last ones alone.
+	total := MaxProcessesPerSandbox + 10
+	for pid := 1; pid <= total; {
+		var ops []ProcessOp
+		for n := 0; n < 100 && pid <= total-5; n++ {
+			ops = append(ops, ProcessOp{Start: &Process{SandboxID: "sb1", PID: pid, Cmd: []string{"true"}, StartedAt: now}})
+			pid++
+		}
+		if len(ops) == 0 {
+			if err := s.RecordProcess(ctx, Process{SandboxID: "sb1", PID: pid, Cmd: []string{"true"}}); err != nil {
+				t.Fatal(err)
+			}
+			pid++
+			continue
+		}
+		if err := s.ApplyProcessOps(ctx, ops); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ps, err := s.ListProcesses(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != MaxProcessesPerSandbox || ps[0].PID != 11 || ps[len(ps)-1].PID != total {
+		t.Fatalf("%d records, PIDs %d to %d; want the newest %d, 11 to %d", len(ps), ps[0].PID, ps[len(ps)-1].PID, MaxProcessesPerSandbox, total)
+	}
+	if other, _ := s.ListProcesses(ctx, "sb2"); len(other) != 1 {
+		t.Fatalf("another sandbox's records: %d, want 1", len(other))
+	}
+	// The trim reads the index, never the table.
+	rows, err := s.r.QueryContext(ctx, `EXPLAIN QUERY PLAN `+trimProcessesSQL, "sb1", "sb1", MaxProcessesPerSandbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	if p := strings.Join(plan, "; "); strings.Contains(p, "SCAN") || strings.Count(p, "COVERING INDEX processes_sandbox_seq") != 2 {
+		t.Errorf("trim plan: %s", p)
 	}
 }
