@@ -420,12 +420,18 @@ func (h *health) set(ready bool, detail string) {
 
 // ensureTemplate builds the default template if this data dir lacks it
 // (a cache hit when another data dir on the host built the same recipe),
-// logging progress, and marks the server healthy when it is ready.
+// logging progress, and marks the server healthy when it is ready, or
+// at once when an earlier build of it serves creates while a new recipe
+// builds. /healthz needs no key, so it says only how far the build is:
+// its output and errors (host paths, the mirror) go to the log.
 func (h *health) ensureTemplate(ctx context.Context, t *templates, name string, log *slog.Logger) {
 	for attempt := 1; ctx.Err() == nil; attempt++ {
-		h.set(false, "preparing default template "+name)
+		if _, serving := t.serving(ctx, name); serving {
+			h.set(true, "")
+		} else {
+			h.set(false, "template "+name+": building")
+		}
 		_, err := t.Build(ctx, name, func(line string) {
-			h.set(false, "building default template "+name+": "+line)
 			log.Info("template build", "template", name, "line", line)
 		})
 		if err == nil {
@@ -433,7 +439,9 @@ func (h *health) ensureTemplate(ctx context.Context, t *templates, name string, 
 			log.Info("default template ready", "template", name)
 			return
 		}
-		h.set(false, "default template "+name+" failed to build: "+err.Error())
+		if _, serving := t.serving(ctx, name); !serving {
+			h.set(false, "template "+name+": build failed, retrying")
+		}
 		log.Error("default template build failed; retrying", "template", name, "attempt", attempt, "err", err)
 		select {
 		case <-ctx.Done():

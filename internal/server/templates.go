@@ -18,12 +18,16 @@ type templates struct {
 	builder *template.Builder
 	log     *slog.Logger
 	mu      sync.Mutex // one build per server at a time; the builder locks across processes
+	// settled is set (mu held) once the records a crashed server left
+	// building were settled, which the first Build does.
+	settled bool
 	// ready, when set (before the server serves), is called with the
 	// record of every template a Build found or made ready (warm pools
 	// start or follow a rebuild).
 	ready func(store.Template)
 	// failed, when set, is called with the name of a template whose build
-	// failed: creates refuse it, so its warm pools can serve none.
+	// failed with no earlier good build to keep: creates refuse it, so its
+	// warm pools can serve none.
 	failed func(name string)
 }
 
@@ -47,30 +51,55 @@ func (t *templates) List(ctx context.Context) ([]store.Template, error) {
 }
 
 // Build builds a built-in template (a cache hit when any server on the host
-// built the same recipe) and records it as ready.
+// built the same recipe) and records it as ready. A template with a good
+// build keeps it while a new recipe builds: creates and warm pools use
+// the record's digest and path, which change only once the new build is
+// complete, and a failed or cancelled rebuild leaves them as they were
+// (the record's error says why it failed).
 func (t *templates) Build(ctx context.Context, name string, progress func(string)) (store.Template, error) {
 	r, err := template.Builtin(name)
 	if err != nil {
 		return store.Template{}, err
 	}
+	if progress == nil {
+		progress = func(string) {}
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	recipe, _ := json.Marshal(r)
-	if cur, err := t.store.GetTemplate(ctx, name); err == nil && cur.Status == store.TemplateReady && cur.Digest == r.Digest() {
-		if _, err := t.builder.Lookup(r.Digest()); err == nil {
-			progress("template " + name + " is up to date (" + r.Digest()[:12] + ")")
-			t.announce(cur)
-			return cur, nil
-		}
+	if !t.settled {
+		t.settled = t.settleLocked(ctx) == nil
 	}
-	if err := t.store.PutTemplate(ctx, store.Template{Name: name, Digest: r.Digest(), Kind: string(template.KindDir), Recipe: recipe, Status: store.TemplateBuilding}); err != nil {
+	recipe, _ := json.Marshal(r)
+	prev, serving := t.serving(ctx, name)
+	if serving && prev.Digest == r.Digest() {
+		progress("template " + name + " is up to date (" + r.Digest()[:12] + ")")
+		if prev.Error != "" { // a failed rebuild to a recipe since dropped
+			prev.Error = ""
+			if err := t.store.PutTemplate(ctx, prev); err != nil {
+				return store.Template{}, err
+			}
+		}
+		t.announce(prev)
+		return prev, nil
+	}
+	if serving {
+		progress("template " + name + ": building " + r.Digest()[:12] + "; " + prev.Digest[:12] + " serves meanwhile")
+		t.announce(prev) // its pools run until the new build replaces them
+	} else if err := t.store.PutTemplate(ctx, store.Template{Name: name, Digest: r.Digest(), Kind: string(template.KindDir), Recipe: recipe, Status: store.TemplateBuilding}); err != nil {
 		return store.Template{}, err
 	}
 	built, err := t.builder.Build(ctx, r, progress)
 	if err != nil {
-		_ = t.store.PutTemplate(context.WithoutCancel(ctx), store.Template{Name: name, Digest: r.Digest(), Kind: string(template.KindDir), Recipe: recipe, Status: store.TemplateFailed, Error: err.Error()})
-		if t.failed != nil {
-			t.failed(name)
+		if serving {
+			prev.Error = "build of " + r.Digest()[:12] + " failed (" + prev.Digest[:12] + " still serves): " + err.Error()
+			if perr := t.store.PutTemplate(context.WithoutCancel(ctx), prev); perr != nil {
+				t.log.Error("template: recording a failed rebuild", "template", name, "err", perr)
+			}
+		} else {
+			_ = t.store.PutTemplate(context.WithoutCancel(ctx), store.Template{Name: name, Digest: r.Digest(), Kind: string(template.KindDir), Recipe: recipe, Status: store.TemplateFailed, Error: err.Error()})
+			if t.failed != nil {
+				t.failed(name)
+			}
 		}
 		if ctx.Err() != nil {
 			return store.Template{}, errdefs.Unavailable("template build of %s cancelled", name)
@@ -86,6 +115,51 @@ func (t *templates) Build(ctx context.Context, name string, progress func(string
 	}
 	t.announce(rec)
 	return rec, nil
+}
+
+// serving returns the record of name and whether it serves creates: ready,
+// with its build complete in the cache.
+func (t *templates) serving(ctx context.Context, name string) (store.Template, bool) {
+	rec, err := t.store.GetTemplate(ctx, name)
+	if err != nil || rec.Status != store.TemplateReady {
+		return rec, false
+	}
+	if _, err := t.builder.Lookup(rec.Digest); err != nil {
+		return rec, false
+	}
+	return rec, true
+}
+
+// settleLocked ends the builds a crashed server left recorded as building
+// (a record of this server is building only while t.mu is held): ready
+// when the cache has the build complete (the crash came after it), else
+// failed until the next build, since nothing is building it any more.
+func (t *templates) settleLocked(ctx context.Context) error {
+	recs, err := t.store.ListTemplates(ctx)
+	if err != nil {
+		t.log.Error("template: settling interrupted builds", "err", err)
+		return err
+	}
+	for _, rec := range recs {
+		if rec.Status != store.TemplateBuilding {
+			continue
+		}
+		if built, err := t.builder.Lookup(rec.Digest); err == nil {
+			rec.Path, rec.Kind, rec.SizeBytes, rec.BuiltAt = built.Path, string(built.Kind), built.SizeBytes, built.BuiltAt
+			rec.Status, rec.Error = store.TemplateReady, ""
+		} else {
+			rec.Status, rec.Error = store.TemplateFailed, "build interrupted: the server stopped during it"
+		}
+		if err := t.store.PutTemplate(ctx, rec); err != nil {
+			t.log.Error("template: settling an interrupted build", "template", rec.Name, "err", err)
+			return err
+		}
+		t.log.Warn("template build was interrupted by a server stop", "template", rec.Name, "status", rec.Status)
+		if rec.Status == store.TemplateReady {
+			t.announce(rec)
+		}
+	}
+	return nil
 }
 
 func (t *templates) announce(rec store.Template) {

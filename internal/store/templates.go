@@ -27,7 +27,7 @@ type Template struct {
 	SizeBytes int64
 	Recipe    json.RawMessage
 	Status    string // TemplateBuilding, TemplateReady or TemplateFailed
-	Error     string // why the build failed, when Status is TemplateFailed
+	Error     string // why the build failed: Status TemplateFailed, or a failed rebuild while a ready build still serves
 	BuiltAt   time.Time
 }
 

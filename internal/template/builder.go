@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -281,11 +282,35 @@ func mmdebstrapArgs(r Recipe, rootfs string) []string {
 	if len(r.Packages) > 0 {
 		args = append(args, "--include="+strings.Join(r.Packages, ","))
 	}
-	for _, c := range r.Customize {
-		// mmdebstrap runs hooks with sh, the rootfs as $1.
+	hooks := slices.Concat(hostsHook, r.Customize, finalHooks)
+	for _, c := range hooks {
+		// mmdebstrap runs hooks with sh, the rootfs as $1. Inside the
+		// chroot a symlink in the image cannot point a write at the host.
 		args = append(args, `--customize-hook=chroot "$1" /bin/sh -c `+shellQuote(c))
 	}
 	return append(args, r.Suite, rootfs, r.Mirror)
+}
+
+// hostsHook runs before a recipe's own commands (which may add names):
+// Debian leaves /etc/hosts to the installer, so without it `localhost`
+// does not resolve in a sandbox (getaddrinfo fails; servers told to bind
+// localhost do not start).
+var hostsHook = []string{
+	`printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > /etc/hosts && chmod 0644 /etc/hosts`,
+}
+
+// finalHooks run after a recipe's commands, which may still need what
+// they undo. mmdebstrap copies the build host's /etc/resolv.conf (naming
+// the host's resolver) and /etc/hostname with the host's modes; a sandbox
+// has no resolver (names are resolved on the host by the egress proxy),
+// so it gets a file with no nameserver, present so that tools reading it
+// find it. The dpkg options (force-unsafe-io, the doc excludes) are for
+// the build: mmdebstrap leaves them in the image, where they would apply
+// to every package a sandbox installs.
+var finalHooks = []string{
+	`rm -f /etc/resolv.conf && printf '# no resolver: names are resolved on the host by the egress proxy\n' > /etc/resolv.conf && chmod 0644 /etc/resolv.conf`,
+	`[ ! -e /etc/hostname ] || chmod 0644 /etc/hostname`,
+	`rm -f /etc/dpkg/dpkg.cfg.d/99mmdebstrap`,
 }
 
 // runMmdebstrap runs mmdebstrap, streaming its output to progress.
@@ -297,14 +322,21 @@ func mmdebstrapArgs(r Recipe, rootfs string) []string {
 // group so cancellation kills apt and dpkg too.
 func runMmdebstrap(ctx context.Context, r Recipe, rootfs string, progress func(string)) error {
 	cmd := exec.CommandContext(ctx, "mmdebstrap", mmdebstrapArgs(r, rootfs)...)
-	// The system PATH only: mmdebstrap's helpers (mmtarfilter) are Python
-	// scripts run with `env python3`, and a user's python shim (pyenv and
-	// the like) in PATH makes every package extraction pay its start-up.
-	cmd.Env = append(os.Environ(), "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8", "DEBIAN_FRONTEND=noninteractive")
+	cmd.Env = buildEnv(os.Environ())
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Setpgid:      true,
 		Unshareflags: syscall.CLONE_NEWNS,
+		// A server killed outright (SIGKILL, OOM) takes its build along
+		// instead of leaving mmdebstrap running unowned; the helpers it
+		// started (dpkg-deb, tar, apt) end when their pipes to it break.
+		Pdeathsig: syscall.SIGKILL,
 	}
+	// Linux sends Pdeathsig when the thread that forked the child exits,
+	// not the process (golang/go#27505), and the runtime ends threads (one
+	// whose goroutine exits locked). This goroutine keeps its thread from
+	// Start until Wait returned, so only the server's death fires it.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 10 * time.Second
 	pr, pw := io.Pipe()
@@ -354,6 +386,30 @@ func runMmdebstrap(ctx context.Context, r Recipe, rootfs string, progress func(s
 		cls = errdefs.ErrUnavailable
 	}
 	return fmt.Errorf("template %s: mmdebstrap failed (%v): %w\n%s", r.Name, err, cls, out)
+}
+
+// buildEnv is the environment of a build: what it needs from the server's
+// (locale, TMPDIR, the proxy apt must use) and nothing else, since the
+// customize commands run with it inside the image and the server's
+// environment may hold credentials. The system PATH only: mmdebstrap's
+// helpers (mmtarfilter) are Python scripts run with `env python3`, and a
+// user's python shim (pyenv and the like) in PATH makes every package
+// extraction pay its start-up.
+func buildEnv(environ []string) []string {
+	var env []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "LANG", "LANGUAGE", "TMPDIR",
+			"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY":
+			env = append(env, kv)
+		default:
+			if strings.HasPrefix(k, "LC_") && k != "LC_ALL" {
+				env = append(env, kv)
+			}
+		}
+	}
+	return append(env, "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8", "DEBIAN_FRONTEND=noninteractive")
 }
 
 // shellQuote quotes s for sh as one word.

@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,6 +124,7 @@ func TestBuildReal(t *testing.T) {
 	if st, err := os.Stat(filepath.Join(tpl.Path, "tmp")); err != nil || st.Mode()&os.ModeSticky == 0 || st.Mode().Perm() != 0o777 {
 		t.Fatalf("/tmp mode: %v %v", st.Mode(), err)
 	}
+	checkBuilderFiles(t, tpl.Path)
 	if m, err := mountsUnder(b.Dir()); err != nil || len(m) != 0 {
 		t.Fatalf("mounts left under the cache: %v %v", m, err)
 	}
@@ -245,4 +250,119 @@ func TestLockExcludes(t *testing.T) {
 		t.Fatalf("lock after unlock: %v", err)
 	}
 	unlock2()
+}
+
+// checkBuilderFiles checks what the builder gives every template, whatever
+// its recipe: localhost resolves, nothing of the build host's network
+// setup or of the build's dpkg options is left.
+func checkBuilderFiles(t *testing.T, rootfs string) {
+	t.Helper()
+	if data, err := os.ReadFile(filepath.Join(rootfs, "etc", "hosts")); err != nil ||
+		!strings.HasPrefix(string(data), "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n") {
+		t.Errorf("/etc/hosts = %q, %v", data, err)
+	}
+	for _, name := range []string{"hosts", "hostname", "resolv.conf"} {
+		if st, err := os.Lstat(filepath.Join(rootfs, "etc", name)); err != nil {
+			t.Errorf("/etc/%s: %v", name, err)
+		} else if st.Mode() != 0o644 {
+			t.Errorf("/etc/%s: mode %v, want a 0644 file", name, st.Mode())
+		}
+	}
+	if data, err := os.ReadFile(filepath.Join(rootfs, "etc", "resolv.conf")); err != nil || strings.Contains(string(data), "nameserver") {
+		t.Errorf("/etc/resolv.conf = %q, %v; want no nameserver", data, err)
+	}
+	if _, err := os.Lstat(filepath.Join(rootfs, "etc", "dpkg", "dpkg.cfg.d", "99mmdebstrap")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the build's dpkg options are left in the image: %v", err)
+	}
+	// As a sandbox sees it: no network namespace of the host's.
+	out, err := exec.Command("unshare", "--net", "chroot", rootfs, "getent", "hosts", "localhost").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "localhost") {
+		t.Errorf("getent hosts localhost in the rootfs: %v: %s", err, out)
+	}
+}
+
+// fakeMmdebstrap puts a shell script named mmdebstrap first in PATH. A
+// build finds mmdebstrap in the server's PATH, then runs it with its own.
+func fakeMmdebstrap(t *testing.T, script string) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "mmdebstrap"), []byte("#!/bin/sh\n"+script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+}
+
+// A build gets the variables it needs from the server's environment, and
+// none of the others (the server's may hold credentials, and customize
+// commands run with it inside the image).
+func TestBuildEnv(t *testing.T) {
+	fakeMmdebstrap(t, "env\nexit 3\n")
+	t.Setenv("SPACE_TEST_SENTINEL", "sentinel-6d1f")
+	t.Setenv("https_proxy", "http://proxy.example:3128")
+	t.Setenv("NO_PROXY", "deb.example")
+	t.Setenv("LANG", "C.UTF-8")
+	t.Setenv("TMPDIR", "/var/tmp")
+	t.Setenv("LC_ALL", "de_DE.UTF-8")
+	var lines []string
+	err := runMmdebstrap(t.Context(), Recipe{Name: "env"}, filepath.Join(t.TempDir(), "rootfs"), func(l string) { lines = append(lines, l) })
+	if err == nil {
+		t.Fatal("the fake mmdebstrap failed, the build did not")
+	}
+	if slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, "sentinel-6d1f") }) {
+		t.Errorf("the build inherited the server's whole environment:\n%s", strings.Join(lines, "\n"))
+	}
+	for _, want := range []string{
+		"https_proxy=http://proxy.example:3128", "NO_PROXY=deb.example", "LANG=C.UTF-8", "TMPDIR=/var/tmp",
+		"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8", "DEBIAN_FRONTEND=noninteractive",
+	} {
+		if !slices.Contains(lines, want) {
+			t.Errorf("build environment lacks %s:\n%s", want, strings.Join(lines, "\n"))
+		}
+	}
+}
+
+// A server killed outright (SIGKILL: no cancellation runs) takes its
+// build along. The test runs itself as the "server" and kills it.
+func TestBuildDiesWithServer(t *testing.T) {
+	if dir := os.Getenv("SPACE_TEST_BUILD_SERVER"); dir != "" {
+		_ = runMmdebstrap(context.Background(), Recipe{Name: "orphan"}, filepath.Join(dir, "rootfs"), func(string) {})
+		return
+	}
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "pid")
+	fakeMmdebstrap(t, "echo $$ > "+pidFile+".tmp && mv "+pidFile+".tmp "+pidFile+"\nexec sleep 600\n")
+	server := exec.Command(os.Args[0], "-test.run=^TestBuildDiesWithServer$", "-test.count=1")
+	server.Env = append(os.Environ(), "SPACE_TEST_BUILD_SERVER="+dir)
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer server.Wait()
+	defer server.Process.Kill()
+	pid := 0
+	for deadline := time.Now().Add(30 * time.Second); pid == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the build did not start")
+		}
+		if b, err := os.ReadFile(pidFile); err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	server.Process.Kill()
+	server.Wait()
+	for deadline := time.Now().Add(5 * time.Second); alive(pid); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("mmdebstrap (pid %d) outlived the server that started it", pid)
+		}
+	}
+}
+
+// alive reports whether pid runs (a zombie does not).
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
 }

@@ -28,7 +28,11 @@ import (
 // BuilderVersion is hashed into every recipe digest. Bump it whenever the
 // build logic changes what a recipe produces (mmdebstrap options, hooks),
 // so cached templates built the old way are not reused.
-const BuilderVersion = 1
+//
+// 2: every template gets /etc/hosts (localhost), no host resolv.conf,
+// /etc/hostname 0644 and no build-only dpkg options (hostsHook and
+// finalHooks in builder.go).
+const BuilderVersion = 2
 
 // Recipe defaults.
 const (
@@ -137,6 +141,10 @@ var baseCustomize = []string{
 	"getent group user >/dev/null || groupadd --gid 1000 user",
 	"id user >/dev/null 2>&1 || useradd --uid 1000 --gid 1000 --create-home --home-dir /home/user --shell /bin/bash user",
 	"echo sandbox > /etc/hostname",
+	// Every driver names the guest "sandbox"; a server that resolves its
+	// own hostname (as some bind or log it) must not fail. The builder
+	// wrote the localhost lines before these commands.
+	`printf '127.0.0.1\tsandbox\n' >> /etc/hosts`,
 	// Every shell command is a bash login shell (as in E2B), and Debian's
 	// /etc/profile forks id(1) to tell root from others: ~60 ms of the
 	// ~110 ms a `bash -lc true` took in gVisor. bash knows $EUID; sh

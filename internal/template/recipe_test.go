@@ -39,7 +39,7 @@ func TestDigestStable(t *testing.T) {
 	}
 }
 
-const pinnedDigest = "af6e1d5e06878aebc83995aeb6744ce45771373e8758165e73721d301f1581aa"
+const pinnedDigest = "adf897bcd75baad5a4c88bcbc297ad62755c9375bddc88e7caf52e0d4a2d415f"
 
 func TestDigestDiffers(t *testing.T) {
 	base := Base()
@@ -127,6 +127,34 @@ func TestMmdebstrapArgs(t *testing.T) {
 	} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("args lack %q:\n%s", want, joined)
+		}
+	}
+	// The builder's hooks wrap the recipe's: /etc/hosts first (the
+	// recipe adds its hostname), the clean-up of the build's leftovers
+	// (host resolv.conf, dpkg options) after everything that may need them.
+	var hooks []string
+	for _, a := range args {
+		if c, ok := strings.CutPrefix(a, `--customize-hook=chroot "$1" /bin/sh -c `); ok {
+			hooks = append(hooks, c)
+		}
+	}
+	var want []string
+	for _, c := range slices.Concat(hostsHook, r.Customize, finalHooks) {
+		want = append(want, shellQuote(c))
+	}
+	if !slices.Equal(hooks, want) {
+		t.Fatalf("hooks =\n%s\nwant\n%s", strings.Join(hooks, "\n"), strings.Join(want, "\n"))
+	}
+	if !strings.Contains(hostsHook[0], `'127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > /etc/hosts`) {
+		t.Errorf("first hook %s does not write /etc/hosts", hostsHook[0])
+	}
+	if i := slices.Index(r.Customize, `printf '127.0.0.1\tsandbox\n' >> /etc/hosts`); i < 0 || i < slices.Index(r.Customize, "echo sandbox > /etc/hostname") {
+		t.Errorf("base does not add its hostname to /etc/hosts after setting it: %q", r.Customize)
+	}
+	last := strings.Join(finalHooks, "\n")
+	for _, want := range []string{"rm -f /etc/resolv.conf", "chmod 0644 /etc/hostname", "rm -f /etc/dpkg/dpkg.cfg.d/99mmdebstrap"} {
+		if !strings.Contains(last, want) {
+			t.Errorf("last hooks lack %q:\n%s", want, last)
 		}
 	}
 	if n := len(args); args[n-3] != "bookworm" || args[n-2] != "/x/rootfs" || args[n-1] != DefaultMirror {

@@ -2,6 +2,7 @@ package vmimage
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -23,6 +24,31 @@ var GuestModules = []string{"virtio_mmio", "virtio_blk", "virtio_console"}
 // initramfsFormat changes when the initramfs layout changes, so a new
 // layout never reuses an old cache entry.
 const initramfsFormat = "space-initramfs-1"
+
+// checkInitramfs tells a usable cached initramfs: a newc archive that
+// ends with its trailer (a torn or truncated file does not).
+func checkInitramfs(path string) error {
+	if err := checkFile(path, 512, 0, []byte("070701")); err != nil {
+		return err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	tail := make([]byte, min(st.Size(), 512))
+	if _, err := f.ReadAt(tail, st.Size()-int64(len(tail))); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if !bytes.Contains(tail, []byte("TRAILER!!!")) {
+		return fmt.Errorf("%s: no cpio trailer", path)
+	}
+	return nil
+}
 
 // Initramfs returns an uncompressed newc cpio archive holding the agent at
 // /init (the guest's PID 1, started as `/init --init ...` by the kernel
@@ -50,7 +76,7 @@ func Initramfs(ctx context.Context, cacheDir, modulesDir, agentPath string) (str
 		io.WriteString(h, filepath.Base(m)+" "+d+"\n")
 	}
 	digest := hex.EncodeToString(h.Sum(nil))
-	return cached(ctx, filepath.Join(cacheDir, "initramfs"), digest[:32]+".cpio", func(tmp string) error {
+	return cached(ctx, filepath.Join(cacheDir, "initramfs"), digest[:32]+".cpio", checkInitramfs, func(tmp string) error {
 		f, err := os.Create(tmp)
 		if err != nil {
 			return err

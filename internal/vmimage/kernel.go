@@ -2,13 +2,14 @@ package vmimage
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/spacesandbox/space/internal/digest"
@@ -32,8 +33,10 @@ func kernelFrom(ctx context.Context, cacheDir, bootDir, modRoot string) (string,
 	if len(matches) == 0 {
 		return "", "", errdefs.Unavailable("vmimage: no guest kernel in %s: apt-get install -y %s", bootDir, KernelPackage)
 	}
-	sort.Strings(matches)
-	vmlinuz := matches[len(matches)-1]
+	// The newest release: 6.1.0-10 is newer than 6.1.0-9.
+	vmlinuz := slices.MaxFunc(matches, func(a, b string) int {
+		return compareVersions(filepath.Base(a), filepath.Base(b))
+	})
 	release := strings.TrimPrefix(filepath.Base(vmlinuz), "vmlinuz-")
 	modulesDir := filepath.Join(modRoot, release)
 	if !exists(filepath.Join(modulesDir, "modules.dep")) {
@@ -43,7 +46,7 @@ func kernelFrom(ctx context.Context, cacheDir, bootDir, modRoot string) (string,
 	if err != nil {
 		return "", "", fmt.Errorf("vmimage: %w", err)
 	}
-	path, err := cached(ctx, filepath.Join(cacheDir, "kernel"), release+"-"+sum[:16]+".vmlinux", func(tmp string) error {
+	path, err := cached(ctx, filepath.Join(cacheDir, "kernel"), release+"-"+sum[:16]+".vmlinux", checkVmlinux, func(tmp string) error {
 		b, err := os.ReadFile(vmlinuz)
 		if err != nil {
 			return err
@@ -55,6 +58,63 @@ func kernelFrom(ctx context.Context, cacheDir, bootDir, modRoot string) (string,
 		return os.WriteFile(tmp, elf, 0o644)
 	})
 	return path, modulesDir, err
+}
+
+// checkVmlinux tells a usable cached kernel: an ELF file of a kernel's
+// size (Debian's cloud kernel is ~50 MiB uncompressed).
+func checkVmlinux(path string) error {
+	return checkFile(path, 1<<20, 0, []byte("\x7fELF"))
+}
+
+// compareVersions orders version strings as dpkg does: runs of digits
+// compare as numbers, other runs character by character with letters
+// before other characters and '~' before anything, even the end. So
+// 6.1.0-9 < 6.1.0-10 and 6.12.9+deb13 < 6.12.38+deb13, where a string
+// sort says the opposite.
+func compareVersions(a, b string) int {
+	isDigit := func(c byte) bool { return '0' <= c && c <= '9' }
+	order := func(s string, i int) int {
+		switch {
+		case i >= len(s) || isDigit(s[i]):
+			return 0
+		case s[i] == '~':
+			return -1
+		case 'a' <= s[i]|0x20 && s[i]|0x20 <= 'z':
+			return int(s[i])
+		default:
+			return int(s[i]) + 256
+		}
+	}
+	for a != "" || b != "" {
+		i, j := 0, 0
+		for i < len(a) && !isDigit(a[i]) || j < len(b) && !isDigit(b[j]) {
+			if c := cmp.Compare(order(a, i), order(b, j)); c != 0 {
+				return c
+			}
+			if i < len(a) && !isDigit(a[i]) {
+				i++
+			}
+			if j < len(b) && !isDigit(b[j]) {
+				j++
+			}
+		}
+		a, b = a[i:], b[j:]
+		// Digit runs: leading zeros dropped, a longer run is larger (no
+		// overflow on long runs).
+		i, j = 0, 0
+		for i < len(a) && isDigit(a[i]) {
+			i++
+		}
+		for j < len(b) && isDigit(b[j]) {
+			j++
+		}
+		na, nb := strings.TrimLeft(a[:i], "0"), strings.TrimLeft(b[:j], "0")
+		if c := cmp.Or(cmp.Compare(len(na), len(nb)), strings.Compare(na, nb)); c != 0 {
+			return c
+		}
+		a, b = a[i:], b[j:]
+	}
+	return 0
 }
 
 // ExtractVmlinux returns the ELF kernel inside an x86 bzImage whose payload
@@ -93,10 +153,13 @@ func ExtractVmlinux(bz []byte) ([]byte, error) {
 
 // decodeLZ4Legacy decodes the LZ4 legacy frame format: a magic number,
 // then blocks each prefixed by its compressed size (4 bytes LE) and each
-// decompressing to at most 8 MiB.
-func decodeLZ4Legacy(in []byte, sizeHint int) ([]byte, error) {
+// decompressing to at most 8 MiB. The frame has no end marker, so the
+// output must come to size, the length the kernel build recorded: a
+// truncated or corrupt payload that still starts with an ELF header is
+// refused.
+func decodeLZ4Legacy(in []byte, size int) ([]byte, error) {
 	const magic = 0x184c2102
-	out := make([]byte, 0, sizeHint)
+	out := make([]byte, 0, size)
 	for len(in) >= 4 {
 		if binary.LittleEndian.Uint32(in) == magic {
 			in = in[4:]
@@ -113,6 +176,9 @@ func decodeLZ4Legacy(in []byte, sizeHint int) ([]byte, error) {
 			return nil, err
 		}
 		in = in[bs:]
+	}
+	if len(out) != size {
+		return nil, fmt.Errorf("LZ4 payload decoded to %d bytes, want %d", len(out), size)
 	}
 	return out, nil
 }

@@ -17,13 +17,25 @@ import (
 
 var digestRE = regexp.MustCompile(`^[0-9a-zA-Z_-]{8,128}$`)
 
+// rootImageFormat is in every root image's cache name and changes when
+// the way an image is made from a rootfs does, so a new layout never
+// reuses an old entry (as initramfsFormat for the initramfs).
+const rootImageFormat = "r1"
+
+// checkRootImage tells a usable cached root image: an ext4 superblock
+// magic (0xEF53 at 1080) in a file of an image's size.
+func checkRootImage(path string) error {
+	return checkFile(path, 1<<20, 1024+0x38, []byte{0x53, 0xef})
+}
+
 // RootImage returns a raw ext4 image of the template root filesystem
-// rootfsDir, cached as <cacheDir>/root/<digest>.ext4 (digest is the
-// template's digest). VMs use it read-only, as the shared backing file of
-// a per-sandbox qcow2 overlay. The image is sparse and sized with room to
-// grow (the guest's writes fill the free space through the overlay).
-// Errors: errdefs.ErrUnavailable when mkfs.ext4 is missing (apt-get
-// install e2fsprogs), errdefs.ErrInvalidArgument for a bad digest or dir.
+// rootfsDir, cached as <cacheDir>/root/<digest>.<format>.ext4 (digest is
+// the template's digest, format rootImageFormat). VMs use it read-only,
+// as the shared backing file of a per-sandbox qcow2 overlay. The image is
+// sparse and sized with room to grow (the guest's writes fill the free
+// space through the overlay). Errors: errdefs.ErrUnavailable when
+// mkfs.ext4 is missing (apt-get install e2fsprogs),
+// errdefs.ErrInvalidArgument for a bad digest or dir.
 func RootImage(ctx context.Context, cacheDir, rootfsDir, digest string) (string, error) {
 	if !digestRE.MatchString(digest) {
 		return "", errdefs.InvalidArgument("vmimage: bad template digest %q", digest)
@@ -35,7 +47,7 @@ func RootImage(ctx context.Context, cacheDir, rootfsDir, digest string) (string,
 	if err != nil {
 		return "", errdefs.Unavailable("vmimage: mkfs.ext4 not found: apt-get install -y e2fsprogs")
 	}
-	return cached(ctx, filepath.Join(cacheDir, "root"), digest+".ext4", func(tmp string) error {
+	return cached(ctx, filepath.Join(cacheDir, "root"), digest+"."+rootImageFormat+".ext4", checkRootImage, func(tmp string) error {
 		used, files, err := usage(rootfsDir)
 		if err != nil {
 			return err

@@ -10,6 +10,7 @@
 package vmimage
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,11 +20,16 @@ import (
 	"path/filepath"
 )
 
-// cached returns <dir>/<name>, building it with build(tmpPath) unless it
-// exists. build writes tmpPath; it is renamed to the final name on success.
-func cached(ctx context.Context, dir, name string, build func(tmp string) error) (string, error) {
+// cached returns <dir>/<name>, building it with build(tmpPath) unless a
+// file that passes check is there. build writes tmpPath; it is made
+// durable (file and directory fsynced) and renamed to the final name, so a
+// crash or power loss leaves either no entry or a complete one. check
+// (minimum size, magic numbers) still guards every hit: an entry written
+// before entries were fsynced may be empty or torn, and would otherwise be
+// served forever.
+func cached(ctx context.Context, dir, name string, check func(path string) error, build func(tmp string) error) (string, error) {
 	final := filepath.Join(dir, name)
-	if _, err := os.Stat(final); err == nil {
+	if check(final) == nil {
 		return final, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -34,20 +40,73 @@ func cached(ctx context.Context, dir, name string, build func(tmp string) error)
 		return "", err
 	}
 	defer unlock()
-	if _, err := os.Stat(final); err == nil {
+	if check(final) == nil {
 		return final, nil // built by another process while we waited
 	}
+	// We hold the lock: a bad entry and temp files of crashed builds are
+	// debris. (A VM using a bad entry keeps its open file.)
+	stale, _ := filepath.Glob(final + ".tmp-*")
+	for _, p := range append(stale, final) {
+		if err := os.RemoveAll(p); err != nil {
+			return "", fmt.Errorf("vmimage cache: %w", err)
+		}
+	}
 	tmp := fmt.Sprintf("%s.tmp-%d", final, os.Getpid())
-	_ = os.RemoveAll(tmp)
 	if err := build(tmp); err != nil {
 		_ = os.RemoveAll(tmp)
 		return "", err
+	}
+	if err := check(tmp); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", fmt.Errorf("vmimage: built %s is bad: %w", name, err)
+	}
+	if err := syncFile(tmp); err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", fmt.Errorf("vmimage cache: %w", err)
 	}
 	if err := os.Rename(tmp, final); err != nil {
 		_ = os.RemoveAll(tmp)
 		return "", fmt.Errorf("vmimage cache: %w", err)
 	}
+	if err := syncFile(dir); err != nil {
+		return "", fmt.Errorf("vmimage cache: %w", err)
+	}
 	return final, nil
+}
+
+// syncFile fsyncs a file or directory.
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// checkFile reports whether path is a regular file of at least minSize
+// bytes holding magic at offset off.
+func checkFile(path string, minSize, off int64, magic []byte) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() || st.Size() < minSize {
+		return fmt.Errorf("%s: %d bytes, want at least %d", path, st.Size(), minSize)
+	}
+	got := make([]byte, len(magic))
+	if _, err := f.ReadAt(got, off); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if !bytes.Equal(got, magic) {
+		return fmt.Errorf("%s: bad magic % x at %d", path, got, off)
+	}
+	return nil
 }
 
 // lockFile takes the cache's cross-process build lock on path.
