@@ -406,6 +406,9 @@ func TestE2BPorts(t *testing.T) {
 		return httpGet(t, url+path, host, http.Header{"E2b-Traffic-Access-Token": {token}})
 	}
 	host := "8000-" + made.ID + ".space.test"
+	if code, body := get("/x%2Fz?y=1", host, made.Traffic); code != 200 || body != "path=/x%2Fz?y=1" {
+		t.Errorf("escaped path through the E2B port proxy: %d %q", code, body)
+	}
 	if code, body := get("/x?y=1", host, made.Traffic); code != 200 || body != "path=/x?y=1" {
 		t.Errorf("getHost(8000): %d %q", code, body)
 	}

@@ -138,6 +138,10 @@ func TestPorts(t *testing.T) {
 	if code, body := get(base+"/a/b?x=1&y=%20z", key); code != 200 || body != "path=/a/b?x=1&y=%20z" {
 		t.Errorf("GET through the port: %d %q", code, body)
 	}
+	// Escaped as the client sent it: a%2Fb is one segment to the app.
+	if code, body := get(base+"/files/a%2Fb?x=1", key); code != 200 || body != "path=/files/a%2Fb?x=1" {
+		t.Errorf("GET of an escaped path through the port: %d %q", code, body)
+	}
 	if code, body := get(base, key); code != 200 || body != "path=/" {
 		t.Errorf("GET of the port's root: %d %q", code, body)
 	}

@@ -35,7 +35,7 @@ func (h *Handler) servePort(w http.ResponseWriter, r *http.Request, id string, p
 	ctx := sandbox.WithCaller(r.Context(), sandbox.Caller{Team: sb.Team})
 	// E2B's credentials travel in headers of their own (removed by the
 	// proxy); Authorization is the app's.
-	h.ports.Serve(w, r.WithContext(ctx), id, port, r.URL.Path, nil, func(w http.ResponseWriter, r *http.Request, err error) {
+	h.ports.Serve(w, r.WithContext(ctx), id, port, r.URL.EscapedPath(), nil, func(w http.ResponseWriter, r *http.Request, err error) {
 		_, status := errdefs.Classify(err)
 		if errors.Is(err, errdefs.ErrUnavailable) {
 			status = http.StatusBadGateway // as E2B's proxy answers for a closed port

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 	"github.com/spacesandbox/space/internal/sandbox"
@@ -36,5 +37,11 @@ func (a *API) portProxy(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 	if _, inAuth := APIKey(r); inAuth {
 		strip = []string{"Authorization"}
 	}
-	a.ports.Serve(w, r.WithContext(sandbox.WithCaller(r.Context(), c)), id, port, "/"+r.PathValue("path"), strip, a.writeError)
+	// The rest of the path as the client escaped it (PathValue is
+	// decoded): /v1/sandboxes/{id}/ports/{port}/{path...}.
+	rest := "/"
+	if parts := strings.SplitN(r.URL.EscapedPath(), "/", 7); len(parts) == 7 {
+		rest += parts[6]
+	}
+	a.ports.Serve(w, r.WithContext(sandbox.WithCaller(r.Context(), c)), id, port, rest, strip, a.writeError)
 }

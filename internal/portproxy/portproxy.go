@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -60,8 +61,10 @@ func New(dial Dialer) *Proxy {
 // which the caller of Serve knows and says with strip.
 var CredentialHeaders = []string{"X-Api-Key", "X-Access-Token", "E2b-Traffic-Access-Token"}
 
-// Serve forwards r to port of sandbox id with path as its path (the query
-// is kept). The inbound Host is kept (dev servers check it);
+// Serve forwards r to port of sandbox id with path as its path, escaped
+// as the client sent it (the query is kept): an app that routes on
+// escaped paths (`a%2Fb` is one segment) gets what the client asked for,
+// not `a/b`. The inbound Host is kept (dev servers check it);
 // CredentialHeaders and the headers in strip are removed; X-Forwarded-*
 // are set. Failures before the sandbox answered go to onError. ctx values
 // of r reach the Dialer.
@@ -70,7 +73,11 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, id string, port in
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = strconv.Itoa(port) + "." + id + poolSuffix
-			pr.Out.URL.Path, pr.Out.URL.RawPath = path, ""
+			if p, err := url.PathUnescape(path); err == nil {
+				pr.Out.URL.Path, pr.Out.URL.RawPath = p, path
+			} else {
+				pr.Out.URL.Path, pr.Out.URL.RawPath = path, ""
+			}
 			for _, h := range CredentialHeaders {
 				pr.Out.Header.Del(h)
 			}

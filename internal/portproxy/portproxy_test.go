@@ -63,3 +63,27 @@ func TestServeStrips(t *testing.T) {
 		t.Errorf("dialed %v", dialed)
 	}
 }
+
+// TestServeKeepsEscapedPath: the app gets the path as the client escaped
+// it (a%2Fb is one segment to a router that reads escaped paths); it got
+// a/b.
+func TestServeKeepsEscapedPath(t *testing.T) {
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(r.URL.RequestURI()))
+	}))
+	defer app.Close()
+	p := New(func(ctx context.Context, id string, port int) (net.Conn, error) {
+		return net.Dial("tcp", app.Listener.Addr().String())
+	})
+	defer p.Close()
+	for _, path := range []string{"/files/a%2Fb/c", "/x%20y", "/plain/path"} {
+		req := httptest.NewRequest("GET", "http://api.example/v1/sandboxes/sb-1/ports/8000"+path+"?q=1", nil)
+		rec := httptest.NewRecorder()
+		p.Serve(rec, req, "sb-1", 8000, path, nil, func(w http.ResponseWriter, r *http.Request, err error) {
+			t.Fatalf("proxy error: %v", err)
+		})
+		if got := rec.Body.String(); got != path+"?q=1" {
+			t.Errorf("app saw %q, want %q", got, path+"?q=1")
+		}
+	}
+}
