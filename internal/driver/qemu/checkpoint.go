@@ -7,10 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spacesandbox/space/internal/driver"
+	"github.com/spacesandbox/space/internal/driver/hostproc"
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
@@ -22,8 +22,11 @@ import (
 //	vm.json     the machine (accelerator, vCPUs, memory, kernel, initramfs,
 //	            command line) a restore must reproduce exactly
 //
-// QEMU 7.2 has no file: migration, so the stream goes through
-// `exec:cat > memory` and comes back with `-incoming 'exec:cat memory'`.
+// QEMU 7.2 has no file: migration, and QEMU may not spawn (seccomp
+// spawn=deny; it runs as a uid that could not open the file anyway): the
+// server opens memory and hands QEMU the descriptor, over the monitor
+// (getfd, then `migrate fd:`) to save and as fd 3 (`-incoming fd:3`) to
+// restore.
 const (
 	ckptMemory  = "memory"
 	ckptDisk    = "disk.qcow2"
@@ -131,6 +134,9 @@ func (i *Instance) Checkpoint(ctx context.Context, dir string, leaveRunning bool
 	return nil
 }
 
+// ckptFD is the monitor's name of the descriptor a checkpoint streams to.
+const ckptFD = "ckpt"
+
 // migrateTo streams the stopped VM's state into file and waits for the end.
 func (i *Instance) migrateTo(ctx context.Context, q *qmp, file string) error {
 	// The default bandwidth cap (32 MiB/s) would make a 256 MiB guest
@@ -138,7 +144,17 @@ func (i *Instance) migrateTo(ctx context.Context, q *qmp, file string) error {
 	if err := q.execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}, nil); err != nil {
 		return err
 	}
-	if err := q.execute(ctx, "migrate", map[string]any{"uri": "exec:cat > " + shellQuote(file)}, nil); err != nil {
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("qemu: checkpoint: %w", err)
+	}
+	err = q.sendFD(ctx, ckptFD, f)
+	f.Close() // QEMU holds its own copy
+	if err != nil {
+		return err
+	}
+	if err := q.execute(ctx, "migrate", map[string]any{"uri": "fd:" + ckptFD}, nil); err != nil {
+		_ = q.execute(context.WithoutCancel(ctx), "closefd", map[string]any{"fdname": ckptFD}, nil)
 		return err
 	}
 	for {
@@ -153,7 +169,7 @@ func (i *Instance) migrateTo(ctx context.Context, q *qmp, file string) error {
 		case "completed":
 			return nil
 		case "failed", "cancelled":
-			return fmt.Errorf("qemu: checkpoint migration %s: %s", st.Status, st.ErrorDesc)
+			return fmt.Errorf("qemu: checkpoint migration %s: %s (QEMU: %s)", st.Status, st.ErrorDesc, hostproc.TailFile(filepath.Join(i.stateDir, "qemu-start.log"), 1500))
 		}
 		select {
 		case <-time.After(5 * time.Millisecond):
@@ -199,7 +215,13 @@ func (d *Driver) Restore(ctx context.Context, spec driver.Spec, dir string) (_ d
 	if err := writeJSON(inst.machinePath(), m); err != nil {
 		return nil, err
 	}
-	if err := inst.launch(ctx, "exec:cat "+shellQuote(filepath.Join(dir, ckptMemory))); err != nil {
+	mem, err := os.Open(filepath.Join(dir, ckptMemory))
+	if err != nil {
+		return nil, errdefs.InvalidArgument("qemu: %s is not a checkpoint image: %v", dir, err)
+	}
+	err = inst.launch(ctx, mem)
+	mem.Close() // QEMU holds its own copy
+	if err != nil {
 		return nil, err
 	}
 	// QEMU runs the guest as soon as the incoming migration completes.
@@ -241,5 +263,3 @@ func copyFile(ctx context.Context, src, dst string) error {
 	}
 	return nil
 }
-
-func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

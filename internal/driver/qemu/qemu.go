@@ -11,10 +11,14 @@
 // the port. Pause/resume are QMP stop/cont; checkpoint is a migration to a
 // file, restore an incoming migration (checkpoint.go).
 //
-// QEMU runs daemonized in its own session, not as a child of the server: a
-// server restart leaves VMs running, and Recover re-attaches by pid and QMP
-// socket from the Handle. The accelerator is KVM only where a probe boot
-// under KVM succeeds, TCG otherwise (accel.go).
+// QEMU runs in its own session, started inside the sandbox's cgroup, under
+// a seccomp filter (-sandbox: no spawning, no obsolete or resource-control
+// calls) and, once set up, as a uid and gid of its own (-runas, vmUID): a
+// guest that escapes into QEMU holds no root, no capability, nothing of
+// another VM's, and cannot change its cgroup limits. A server restart
+// leaves VMs running, and Recover re-attaches by pid and QMP socket from
+// the Handle. The accelerator is KVM only where a probe boot under KVM
+// succeeds, TCG otherwise (accel.go).
 package qemu
 
 import (
@@ -22,6 +26,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net"
 	"os"
@@ -285,9 +290,9 @@ func (d *Driver) cmdline(hostname string) string {
 	return strings.Join(append(args, "--", "--init", "--serial", "/dev/virtio-ports/agent"), " ")
 }
 
-// qemuArgs is QEMU's command line for inst's machine; incoming, when set,
-// is a migration URI to restore from.
-func (i *Instance) qemuArgs(incoming string) []string {
+// qemuArgs is QEMU's command line for inst's machine (its overlay disk on
+// fds 3 and 4); incoming restores from the migration stream on fd 5.
+func (i *Instance) qemuArgs(incoming bool) []string {
 	m := i.machine
 	cpu := "max"
 	if m.Accel == AccelKVM {
@@ -304,17 +309,32 @@ func (i *Instance) qemuArgs(incoming string) []string {
 		"-kernel", m.Kernel, "-initrd", m.Initramfs, "-append", m.Cmdline,
 		"-chardev", "file,id=console,path=" + i.consolePath() + ",append=on", // append: capConsole cuts it
 		"-serial", "chardev:console",
-		"-drive", "id=root,if=none,format=qcow2,file=" + i.diskPath() + ",discard=unmap",
+		// The overlay comes as descriptors the server opened (read-write
+		// and read-only, fds 3 and 4): QEMU reopens its image when a
+		// migration inactivates it, and as vmUID it could not open the
+		// file itself. The template image behind it is world-readable.
+		"-add-fd", "fd=3,set=1,opaque=rw", "-add-fd", "fd=4,set=1,opaque=ro",
+		// Image locking is off for it: the two descriptors are two open
+		// files whose locks conflict when QEMU switches between them
+		// (the resume after a checkpoint failed to get the write lock);
+		// the overlay is this VM's alone.
+		"-drive", "id=root,if=none,format=qcow2,file=/dev/fdset/1,file.locking=off,discard=unmap",
 		"-device", "virtio-blk-device,drive=root",
 		"-device", "virtio-serial-device",
 		"-chardev", "socket,id=agent,path=" + i.agentSock() + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=agent",
 		"-qmp", "unix:" + i.qmpSock() + ",server=on,wait=off",
 		"-pidfile", i.pidPath(),
-		"-daemonize",
+		// No fork or exec (migrations go through descriptors the host
+		// passes, checkpoint.go), no obsolete system calls, no scheduler
+		// or affinity changes. elevateprivileges is left alone: denied,
+		// it silently keeps -runas from dropping root (QEMU 7.2), and
+		// once QEMU runs as vmUID there is nothing to elevate to.
+		"-sandbox", "on,obsolete=deny,spawn=deny,resourcecontrol=deny",
+		"-runas", fmt.Sprintf("%d:%d", vmUID(i.id), vmUID(i.id)),
 	}
-	if incoming != "" {
-		args = append(args, "-incoming", incoming)
+	if incoming {
+		args = append(args, "-incoming", "fd:5") // launch's ExtraFiles[2]
 	}
 	return args
 }
@@ -424,7 +444,7 @@ func (i *Instance) Handle() driver.Handle {
 	return driver.Handle{Driver: Name, ID: i.id, Data: data}
 }
 
-// Start implements driver.Instance: it launches QEMU (daemonized, in its
+// Start implements driver.Instance: it launches QEMU (in its
 // own session) and returns once the VM runs; the agent answers DialAgent
 // when the guest has booted.
 func (i *Instance) Start(ctx context.Context) error {
@@ -435,50 +455,95 @@ func (i *Instance) Start(ctx context.Context) error {
 	}
 	i.started = true
 	i.mu.Unlock()
-	return i.launch(ctx, "")
+	return i.launch(ctx, nil)
 }
 
-// launch runs QEMU with -daemonize: the command returns when the VM is set
-// up (or failed to be), and the VM process is no child of the server.
+// launch starts QEMU in its own session (not tied to ctx: the VM outlives
+// the call and the server) and returns once its monitor answers, or with
+// QEMU's output when it exits first. incoming, when set, is an open
+// migration stream to restore from. The caller destroys the VM on an
+// error.
 //
-// Its output goes to a file, not a pipe: with -incoming 'exec:cat …' the
-// cat QEMU spawns inherits the output and holds it until the whole
-// migration stream is read, which on a busy host outlasts any wait for
-// a pipe to close.
-func (i *Instance) launch(ctx context.Context, incoming string) error {
+// It is not daemonized: QEMU's -daemonize forks after its seccomp filter
+// is in place, which spawn=deny forbids. Its output goes to a file.
+func (i *Instance) launch(ctx context.Context, incoming *os.File) error {
 	logPath := filepath.Join(i.stateDir, "qemu-start.log")
 	out, err := os.Create(logPath)
 	if err != nil {
 		return fmt.Errorf("qemu: start %s: %w", i.id, err)
 	}
 	defer out.Close()
-	cmd := exec.CommandContext(ctx, i.d.cfg.QEMU, i.qemuArgs(incoming)...)
+	cmd := exec.Command(i.d.cfg.QEMU, i.qemuArgs(incoming != nil)...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
-	// QEMU starts inside the sandbox's cgroup: placed after -daemonize
-	// returned, the booted (or restored) VM's memory and the migration's
-	// cat stayed charged to the server's cgroup.
+	rw, err := os.OpenFile(i.diskPath(), os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("qemu: start %s: %w", i.id, err)
+	}
+	defer rw.Close()
+	ro, err := os.Open(i.diskPath())
+	if err != nil {
+		return fmt.Errorf("qemu: start %s: %w", i.id, err)
+	}
+	defer ro.Close()
+	cmd.ExtraFiles = []*os.File{rw, ro}
+	if incoming != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, incoming)
+	}
+	// QEMU starts inside the sandbox's cgroup: placed after it started,
+	// the booted (or restored) VM's memory stayed charged to the server's
+	// cgroup.
 	if i.d.cfg.NoCgroups {
 		err = cmd.Start()
 	} else {
 		err = cgroup.Start(i.id, cmd, i.machine.limits(i.low))
 	}
-	if err == nil {
-		err = cmd.Wait()
-	}
 	if err != nil {
-		return fmt.Errorf("qemu: start %s: %v: %s", i.id, err, hostproc.TailFile(logPath, 1500))
+		return fmt.Errorf("qemu: start %s: %v", i.id, err)
 	}
-	pid := hostproc.ReadPid(i.pidPath())
-	if pid <= 0 {
-		return fmt.Errorf("qemu: start %s: no pid file", i.id)
-	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }() // reaps it while this server runs
 	i.mu.Lock()
-	i.pid = pid
+	i.pid = cmd.Process.Pid
 	i.mu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, launchTimeout)
+	defer cancel()
+	for {
+		qctx, qcancel := context.WithTimeout(wctx, time.Second)
+		q, err := dialQMP(qctx, i.qmpSock())
+		qcancel()
+		if err == nil {
+			q.Close()
+			break
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("qemu: start %s: %s: %s", i.id, cmd.ProcessState, hostproc.TailFile(logPath, 1500))
+		case <-wctx.Done():
+			return fmt.Errorf("qemu: start %s: no monitor after %v: %v: %s", i.id, launchTimeout, wctx.Err(), hostproc.TailFile(logPath, 1500))
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 	go i.capConsole()
 	return nil
 }
+
+// launchTimeout bounds the wait for a new QEMU's monitor.
+const launchTimeout = 30 * time.Second
+
+// vmUID is the uid and gid a VM's QEMU runs as once set up: one of its
+// own, from a range no host account uses (2^24 ids from 2,000,000,000,
+// chosen by the sandbox id), so a QEMU a guest took over can signal or
+// trace no other VM, and owns no file (everything it uses it opened as
+// root before dropping to it). Two VMs share one with a probability of
+// about n²/2^25 among n VMs.
+func vmUID(id string) int {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return vmUIDBase + int(h.Sum64()%(1<<24))
+}
+
+const vmUIDBase = 2_000_000_000
 
 // Console log bounds (hostproc.CapFile): its tail is all that is read.
 const (

@@ -7,7 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"runtime"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // qmp is one connection to QEMU's QMP monitor (a unix socket QEMU serves
@@ -15,8 +19,9 @@ import (
 // driver connects per operation and closes afterwards: nothing is held
 // across a server restart.
 type qmp struct {
-	c  net.Conn
-	rd *bufio.Reader
+	c   net.Conn
+	rd  *bufio.Reader
+	oob []byte // ancillary data (a descriptor) for the next command (sendFD)
 }
 
 // qmpError is an error answer from QEMU.
@@ -72,7 +77,13 @@ func (q *qmp) execute(ctx context.Context, cmd string, args, out any) error {
 		req["arguments"] = args
 	}
 	b, _ := json.Marshal(req)
-	if _, err := q.c.Write(append(b, '\n')); err != nil {
+	var err error
+	if uc, ok := q.c.(*net.UnixConn); ok && q.oob != nil {
+		_, _, err = uc.WriteMsgUnix(append(b, '\n'), q.oob, nil)
+	} else {
+		_, err = q.c.Write(append(b, '\n'))
+	}
+	if err != nil {
 		return fmt.Errorf("qmp %s: %w", cmd, err)
 	}
 	for {
@@ -101,6 +112,19 @@ func (q *qmp) execute(ctx context.Context, cmd string, args, out any) error {
 			return errors.New("qmp " + cmd + ": unexpected message")
 		}
 	}
+}
+
+// sendFD hands QEMU a copy of f under name (getfd: the descriptor rides
+// on the command as SCM_RIGHTS), for a later command to use ("fd:name").
+func (q *qmp) sendFD(ctx context.Context, name string, f *os.File) error {
+	if _, ok := q.c.(*net.UnixConn); !ok {
+		return errors.New("qmp getfd: not a unix socket")
+	}
+	q.oob = unix.UnixRights(int(f.Fd()))
+	defer func() { q.oob = nil }()
+	err := q.execute(ctx, "getfd", map[string]any{"fdname": name}, nil)
+	runtime.KeepAlive(f) // the descriptor stays open until it was sent
+	return err
 }
 
 // qmpDo connects, runs one command and disconnects.

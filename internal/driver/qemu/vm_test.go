@@ -246,6 +246,14 @@ func TestVMCgroup(t *testing.T) {
 		// the kernel and initrd it loaded, a restored migration) is
 		// charged there. Placed after it started, half of a booted VM's
 		// was charged to the server's cgroup instead.
+		// Confined: its own uid and gid, no capabilities, seccomp.
+		st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		uid := strconv.Itoa(qemu.VMUID(id))
+		for _, want := range []string{"Uid:\t" + uid + "\t" + uid + "\t" + uid + "\t" + uid, "Gid:\t" + uid + "\t", "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "Seccomp:\t2"} {
+			if !strings.Contains(string(st), want+"\n") && !strings.Contains(string(st), want) {
+				t.Errorf("qemu %d status lacks %q:\n%s", pid, want, st)
+			}
+		}
 		rss, anon := pidRSS(t, pid), procStatus(t, pid, "RssAnon:")
 		t.Logf("%s: memory usage %d MiB of %d MiB, QEMU's RSS %d MiB (anonymous %d MiB)", id, usage>>20, limit>>20, rss>>20, anon>>20)
 		if usage < anon*95/100 {

@@ -1,0 +1,4 @@
+package qemu
+
+// VMUID is vmUID for the external tests.
+var VMUID = vmUID
