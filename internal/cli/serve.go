@@ -53,6 +53,7 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "egress-allow-cidr", env: "SPACE_EGRESS_ALLOW_CIDR", usage: "private ranges the egress proxy may reach, CIDR,… (off by default)", str: &cfg.EgressAllowCIDR},
 		{name: "egress-root-ca", env: "SPACE_EGRESS_ROOT_CA", usage: "PEM file of extra root CAs for upstream TLS (off by default)", str: &cfg.EgressRootCA},
 		{name: "e2b-listen", env: "SPACE_E2B_LISTEN", usage: "address of the E2B-compatible API (control plane and envd on one port; off by default)", str: &cfg.E2BListen}, // E2B facade (internal/e2b)
+		{name: "e2b-domain", env: "SPACE_E2B_DOMAIN", usage: "domain the E2B API names sandboxes under (<port>-<id>.<domain>, a wildcard DNS name and TLS in front of --e2b-listen); unset, SDKs need E2B_SANDBOX_URL", str: &cfg.E2BDomain},
 		{name: "metrics-listen", env: "SPACE_METRICS_LISTEN", usage: "address serving /metrics for Prometheus instead of the API listener (default: the API listener; set it when the API is reachable by tenants)", str: &cfg.MetricsListen},
 		{name: "debug-listen", env: "SPACE_DEBUG_LISTEN", usage: "loopback address serving Go pprof profiles under /debug/pprof/ (off by default)", str: &cfg.DebugListen},
 		{name: "checkpoint-on-pause", env: "SPACE_CHECKPOINT_ON_PAUSE", usage: "record a checkpoint in the timeline on every pause: on|off (default on)", str: &cfg.CheckpointOnPause},

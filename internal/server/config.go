@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -75,6 +76,9 @@ type Config struct {
 	EgressRootCA    string // --egress-root-ca: PEM file of extra roots for upstream TLS verification
 	// E2B compatibility (internal/e2b): off unless an address is given.
 	E2BListen string // --e2b-listen: address of the E2B-compatible API (e.g. 127.0.0.1:3000)
+	// E2BDomain is the domain the E2B API returns for its sandboxes (SDKs
+	// then reach https://<port>-<id>.<domain> without E2B_SANDBOX_URL).
+	E2BDomain string // --e2b-domain
 	// DebugListen serves Go's pprof profiles (off unless a loopback
 	// address is given: profiles reveal memory contents).
 	DebugListen string // --debug-listen
@@ -197,12 +201,18 @@ func (c *Config) Validate() error {
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
 	}
+	if c.E2BDomain != "" && !domainRE.MatchString(c.E2BDomain) {
+		return fmt.Errorf("--e2b-domain %q: want a DNS name such as sandboxes.example.com", c.E2BDomain)
+	}
 	// A typo here was retried for good, with /healthz at 503 "starting".
 	if _, err := template.Builtin(c.DefaultTemplate); err != nil {
 		return fmt.Errorf("--template %q: %w", c.DefaultTemplate, err)
 	}
 	return nil
 }
+
+// domainRE is a DNS name of two or more labels, lower case.
+var domainRE = regexp.MustCompile(`^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 // MaxRetentionDays caps --retention-days (ten years).
 const MaxRetentionDays = 3650

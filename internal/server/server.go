@@ -282,7 +282,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if cfg.E2BListen != "" { // E2B-compatible API (internal/e2b), stops with bg
-		wait, err := e2b.Serve(bg, cfg.E2BListen, e2b.Config{Service: svc, Store: st, DataDir: cfg.DataDir, Log: log})
+		wait, err := e2b.Serve(bg, cfg.E2BListen, e2b.Config{Service: svc, Store: st, DataDir: cfg.DataDir, Domain: cfg.E2BDomain, Log: log})
 		if err != nil {
 			return err
 		}

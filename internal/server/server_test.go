@@ -38,6 +38,8 @@ func TestValidateBounds(t *testing.T) {
 		{"log level typo", func(c *Config) { c.LogLevel = "verbose" }, "--log-level"},
 		{"log format typo", func(c *Config) { c.LogFormat = "yaml" }, "--log-format"},
 		{"template typo", func(c *Config) { c.DefaultTemplate = "bsae" }, "--template"},
+		{"e2b domain with a scheme", func(c *Config) { c.E2BDomain = "https://sb.example.com" }, "--e2b-domain"},
+		{"e2b domain with a path", func(c *Config) { c.E2BDomain = "sb.example.com/x" }, "--e2b-domain"},
 	} {
 		var c Config
 		tt.set(&c)
@@ -51,6 +53,7 @@ func TestValidateBounds(t *testing.T) {
 		func(c *Config) { c.PoolSize, c.SnapshotIntervalS = -1, -1 },
 		func(c *Config) { c.DefaultTimeoutS, c.MaxTimeoutS, c.RetentionDays = 60, 60, 1 },
 		func(c *Config) { c.LogLevel, c.LogFormat, c.DefaultTemplate = "debug", "json", "python-data" },
+		func(c *Config) { c.E2BDomain = "sandboxes.example.com" },
 	} {
 		var c Config
 		set(&c)
