@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -115,6 +116,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	counts, err := c.counts(ctx)
 	if err != nil {
+		// Left out of this scrape (the rest still answers); said once per
+		// scrape, not silently.
+		slog.Default().Warn("metrics: sandbox counts by state unavailable", "err", err)
 		return
 	}
 	for _, st := range []string{StateCreating, StateRunning, StatePaused, StateStopping, StateStopped, StateError, StatePooled} {

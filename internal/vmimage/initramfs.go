@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/spacesandbox/space/internal/digest"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -56,7 +57,39 @@ func checkInitramfs(path string) error {
 // /lib/modules, named NN-name.ko so that loading them in name order
 // satisfies dependencies. It is cached by the digest of the agent binary
 // and the modules.
+//
+// A process remembers what it built for an agent binary (by path, size and
+// modification time) and returns that while the file is there: every VM
+// create re-read modules.dep and re-hashed the modules and the ~10 MB
+// agent, and failed for good once a kernel upgrade's autoremove deleted
+// the modules directory chosen at start.
 func Initramfs(ctx context.Context, cacheDir, modulesDir, agentPath string) (string, error) {
+	key := initramfsKey{cacheDir: cacheDir, modulesDir: modulesDir, agent: agentPath}
+	if fi, err := os.Stat(agentPath); err == nil {
+		key.size, key.mtime = fi.Size(), fi.ModTime().UnixNano()
+		if v, ok := initramfsMemo.Load(key); ok {
+			if checkInitramfs(v.(string)) == nil {
+				return v.(string), nil
+			}
+			initramfsMemo.Delete(key)
+		}
+	}
+	path, err := buildInitramfs(ctx, cacheDir, modulesDir, agentPath)
+	if err == nil && key.size > 0 {
+		initramfsMemo.Store(key, path)
+	}
+	return path, err
+}
+
+// initramfsKey names one Initramfs build in this process.
+type initramfsKey struct {
+	cacheDir, modulesDir, agent string
+	size, mtime                 int64
+}
+
+var initramfsMemo sync.Map // initramfsKey → path
+
+func buildInitramfs(ctx context.Context, cacheDir, modulesDir, agentPath string) (string, error) {
 	mods, err := moduleClosure(modulesDir, GuestModules)
 	if err != nil {
 		return "", err

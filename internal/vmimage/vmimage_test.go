@@ -200,3 +200,35 @@ func TestRootImage(t *testing.T) {
 		t.Error("bad digest accepted")
 	}
 }
+
+// An initramfs built once is served without the modules directory it was
+// built from (a kernel upgrade's autoremove deletes it under a running
+// server; every VM create failed after), and a new agent binary gets a
+// new one.
+func TestInitramfsOutlivesModulesDir(t *testing.T) {
+	_, mods, err := Kernel(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyDir := filepath.Join(t.TempDir(), "modules")
+	if out, err := exec.Command("cp", "-a", mods, copyDir).CombinedOutput(); err != nil {
+		t.Fatalf("copy modules: %v %s", err, out)
+	}
+	cache := t.TempDir()
+	agent := filepath.Join(t.TempDir(), "agent")
+	os.WriteFile(agent, []byte("#!/bin/true\n"), 0o755)
+	first, err := Initramfs(t.Context(), cache, copyDir, agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(copyDir); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := Initramfs(t.Context(), cache, copyDir, agent); err != nil || p != first {
+		t.Fatalf("without its modules dir: %s, %v; want %s", p, err, first)
+	}
+	os.WriteFile(agent, []byte("#!/bin/true\n# a new build\n"), 0o755)
+	if _, err := Initramfs(t.Context(), cache, copyDir, agent); err == nil {
+		t.Fatal("a new agent was served the old initramfs")
+	}
+}
