@@ -270,6 +270,11 @@ func Run(ctx context.Context, cfg Config) error {
 		defer wg.Done()
 		svc.Reap(bg, time.Second)
 	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		pruneTemplates(bg, st, builder, vmCache, log)
+	}()
 
 	if cfg.DebugListen != "" {
 		if err := serveDebug(bg, cfg.DebugListen, log); err != nil {

@@ -107,3 +107,28 @@ func (s *Store) ListTemplates(ctx context.Context) ([]Template, error) {
 func (s *Store) DeleteTemplate(ctx context.Context, name string) error {
 	return s.deleteOne(ctx, "template", errdefs.NotFound("template %s not found", name), `DELETE FROM templates WHERE name = ?`, name)
 }
+
+// TemplateDigestsInUse returns every template digest a record still needs
+// the build of: the templates', every sandbox's that is not stopped (its
+// root filesystem, or a VM's backing image) and every snapshot's (a
+// restore or a fork boots it).
+func (s *Store) TemplateDigestsInUse(ctx context.Context) (map[string]bool, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT digest FROM templates
+		UNION SELECT template_digest FROM sandboxes WHERE state != 'stopped'
+		UNION SELECT template_digest FROM snapshots`)
+	if err != nil {
+		return nil, fmt.Errorf("store: template digests in use: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var d string
+		if err := rows.Scan(&d); err != nil {
+			return nil, fmt.Errorf("store: template digests in use: %w", err)
+		}
+		if d != "" {
+			out[d] = true
+		}
+	}
+	return out, rows.Err()
+}

@@ -3,6 +3,7 @@ package vmimage
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 )
@@ -90,4 +92,59 @@ func usage(dir string) (int64, int64, error) {
 		return nil
 	})
 	return total, n, err
+}
+
+// RootImageDigests lists the template digests that have a root image in
+// the cache (any format), with the newest modification time of each.
+func RootImageDigests(cacheDir string) (map[string]time.Time, error) {
+	entries, err := os.ReadDir(filepath.Join(cacheDir, "root"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("vmimage cache: %w", err)
+	}
+	out := map[string]time.Time{}
+	for _, e := range entries {
+		d, _, _ := strings.Cut(e.Name(), ".")
+		if !digestRE.MatchString(d) || !strings.HasSuffix(e.Name(), ".ext4") {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		if t, ok := out[d]; !ok || fi.ModTime().After(t) {
+			out[d] = fi.ModTime()
+		}
+	}
+	return out, nil
+}
+
+// RemoveRootImages removes the root images of digest (every format),
+// each under its lock, tried once: false when a build holds one. A VM
+// using an image keeps its open file; the caller removes only digests no
+// sandbox or snapshot needs.
+func RemoveRootImages(cacheDir, digest string) (bool, error) {
+	if !digestRE.MatchString(digest) {
+		return false, errdefs.InvalidArgument("vmimage: bad template digest %q", digest)
+	}
+	paths, _ := filepath.Glob(filepath.Join(cacheDir, "root", digest+"*.ext4"))
+	for _, p := range paths {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		unlock, err := lockFile(ctx, p+".lock")
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		err = os.Remove(p)
+		unlock()
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, fmt.Errorf("vmimage cache: %w", err)
+		}
+	}
+	return true, nil
 }
