@@ -89,6 +89,22 @@ func (u *upstream) handler() http.Handler {
 		u.seen = append(u.seen, line+" headers="+fmt.Sprint(r.Header))
 		u.mu.Unlock()
 		q := r.URL.Query()
+		if up := r.Header.Get("Upgrade"); up != "" {
+			// A WebSocket (or another protocol) that sends back what it
+			// was given: the credential, and the extensions it was offered.
+			c, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: %s\r\nConnection: Upgrade\r\n\r\n", up)
+			msg := []byte("auth=" + r.Header.Get("Authorization") + " ext=" + r.Header.Get("Sec-WebSocket-Extensions"))
+			brw.Write(appendWSFrame(nil, true, 1, msg))
+			brw.Write(appendWSFrame(nil, true, 8, append([]byte{3, 232}, msg[:min(len(msg), 100)]...)))
+			brw.Flush()
+			io.Copy(io.Discard, brw) // until the client goes
+			return
+		}
 		if n, err := strconv.Atoi(q.Get("size")); err == nil {
 			w.Header().Set("Content-Length", strconv.Itoa(n))
 			_, _ = io.CopyN(w, zeros{}, int64(n))
@@ -107,6 +123,13 @@ func (u *upstream) handler() http.Handler {
 			for range n {
 				fmt.Fprintln(w, line)
 			}
+			return
+		}
+		if q.Get("trailer") != "" {
+			w.Header().Set("Trailer", "X-Echo-Trailer")
+			fmt.Fprint(w, "body")
+			w.(http.Flusher).Flush()
+			w.Header().Set("X-Echo-Trailer", r.Header.Get("Authorization"))
 			return
 		}
 		switch q.Get("encoding") {

@@ -643,6 +643,10 @@ func TestSecretReflection(t *testing.T) {
 			t.Errorf("%s carries the secret: %q", what, s)
 		}
 	}
+	// A trailer (after a chunked body) is scrubbed as a header is.
+	if resp, body := do("/t?trailer=1"); resp.Trailer.Get("X-Echo-Trailer") != "Bearer "+phTok {
+		t.Errorf("trailer %q (body %q), want the placeholder", resp.Trailer.Get("X-Echo-Trailer"), body)
+	}
 	resp, body := do("/r?redirect=1&key=" + phQuery)
 	loc := resp.Header.Get("Location")
 	if resp.StatusCode != 301 || !strings.Contains(loc, "key="+phQuery) {

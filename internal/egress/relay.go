@@ -391,11 +391,15 @@ func (s *session) relay(tun *Record, cw net.Conn, br *bufio.Reader, up net.Conn,
 		closeAfter, upgraded, err := roundTrip(req, cw, up, upbr, sc)
 		if errors.Is(err, errEncoded) {
 			rec.BytesUp, rec.BytesDown = cnt.up.Load()-u0, cnt.down.Load()-d0
-			refuse(http.StatusBadGateway, ReasonEncoded, "the response of a host holding a secret must not be encoded (only gzip is read)")
+			refuse(http.StatusBadGateway, ReasonEncoded, "the response of a host holding a secret must be readable: an identity or gzip body, or a WebSocket without extensions")
 			return
 		}
 		if upgraded {
-			pipe(cw, br, up, upbr)
+			var down io.Reader = upbr
+			if sc != nil {
+				down = newWSScrubReader(sc, upbr) // roundTrip let only a WebSocket through
+			}
+			pipe(cw, br, up, down)
 		}
 		rec.BytesUp, rec.BytesDown = cnt.up.Load()-u0, cnt.down.Load()-d0
 		s.audit(rec)
@@ -442,6 +446,13 @@ func roundTrip(req *http.Request, cw io.Writer, up io.Writer, upbr *bufio.Reader
 			}
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
+			// From a host holding a secret only a WebSocket without
+			// extensions (its frames are scrubbed: wsscrub.go); any
+			// other protocol it switches to cannot be read.
+			if sc != nil && (!strings.EqualFold(resp.Header.Get("Upgrade"), "websocket") || resp.Header.Get("Sec-WebSocket-Extensions") != "") {
+				resp.Body.Close()
+				return true, false, errEncoded
+			}
 			err := resp.Write(cw)
 			return true, err == nil, err
 		}

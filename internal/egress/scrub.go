@@ -102,9 +102,11 @@ func base64Inner(v string) [3]string {
 	return out
 }
 
-// prepare asks the upstream for a body the scrubber can read.
+// prepare asks the upstream for a body the scrubber can read, and for
+// WebSocket messages it can read (no compression extension).
 func (sc *scrubber) prepare(req *http.Request) {
 	req.Header.Set("Accept-Encoding", "identity")
+	req.Header.Del("Sec-WebSocket-Extensions")
 }
 
 // errEncoded refuses a response body in an encoding the scrubber cannot
@@ -145,7 +147,7 @@ func (sc *scrubber) response(req *http.Request, resp *http.Response) error {
 		resp.TransferEncoding = nil
 		resp.Close = true
 	}
-	resp.Body = &scrubReader{sc: sc, r: body, c: resp.Body}
+	resp.Body = &scrubReader{sc: sc, r: body, c: resp.Body, trailer: resp.Trailer}
 	return nil
 }
 
@@ -157,6 +159,24 @@ func (sc *scrubber) replace(b []byte) []byte {
 		}
 	}
 	return b
+}
+
+// safeCut is how much of buf can be scrubbed and passed on when more may
+// follow: all but a tail that could be the start of a needle; a needle
+// crossing the cut is left whole in the tail (moving the cut back can make
+// another cross it: until none does).
+func (sc *scrubber) safeCut(buf []byte) int {
+	cut := len(buf) - min(len(buf), sc.max-1)
+	for moved := true; moved; {
+		moved = false
+		for _, nd := range sc.needles {
+			from := max(0, cut-len(nd)+1)
+			if i := bytes.Index(buf[from:], nd); i >= 0 && from+i < cut && from+i+len(nd) > cut {
+				cut, moved = from+i, true
+			}
+		}
+	}
+	return cut
 }
 
 // scrubReader is a body with the needles replaced as it streams: it keeps
@@ -173,6 +193,9 @@ type scrubReader struct {
 	out  []byte
 	eof  bool
 	rerr error
+	// trailer is the response's (values filled in when its body ends):
+	// scrubbed in place at the end, before the response's writer sends it.
+	trailer http.Header
 }
 
 func (s *scrubReader) Read(p []byte) (int, error) {
@@ -188,20 +211,16 @@ func (s *scrubReader) Read(p []byte) (int, error) {
 		cut := s.n
 		if err != nil {
 			s.eof, s.rerr = true, err
+			for k, vs := range s.trailer {
+				for i, v := range vs {
+					s.trailer[k][i] = string(s.sc.replace([]byte(v)))
+				}
+			}
 		} else {
 			// Pass on all but a tail that could be the start of a needle;
 			// a needle crossing the cut is left whole in the tail (moving
 			// the cut back can make another cross it: until none does).
-			cut -= min(s.n, s.sc.max-1)
-			for moved := true; moved; {
-				moved = false
-				for _, nd := range s.sc.needles {
-					from := max(0, cut-len(nd)+1)
-					if i := bytes.Index(s.buf[from:s.n], nd); i >= 0 && from+i < cut && from+i+len(nd) > cut {
-						cut, moved = from+i, true
-					}
-				}
-			}
+			cut = s.sc.safeCut(s.buf[:s.n])
 		}
 		s.obuf = append(s.obuf[:0], s.sc.replace(s.buf[:cut])...)
 		s.out = s.obuf

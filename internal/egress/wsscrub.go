@@ -1,0 +1,162 @@
+package egress
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"io"
+)
+
+// A WebSocket to a host holding a secret carries messages the host may
+// fill with the value as it does a response (an echo, an error that
+// quotes the request). Its frames from the host are scrubbed as a
+// response body is: the data frames of one message as one stream (a value
+// split across frames is found: the bytes that could begin one are held
+// back to the message's next frame), control frames on their own. The
+// proxy asks for no extension (no compression) and refuses frames that
+// use one; frames go out unmasked and large ones in pieces of wsChunk, as
+// RFC 6455 lets an intermediary re-fragment when no extension is in use.
+
+// wsChunk is the largest payload read at once.
+const wsChunk = 64 << 10
+
+var errWSFrame = errors.New("websocket: a frame the proxy cannot scrub (an extension's bits, or a malformed control frame)")
+
+// wsScrubReader reads the host's frames from r and yields them scrubbed.
+type wsScrubReader struct {
+	sc    *scrubber
+	r     *bufio.Reader
+	out   []byte // scrubbed frames not yet read
+	carry []byte // held-back data of the open message
+	op    byte   // opcode of the message's next frame out (its own, then continuation)
+	buf   []byte
+	err   error
+}
+
+func newWSScrubReader(sc *scrubber, r *bufio.Reader) *wsScrubReader {
+	return &wsScrubReader{sc: sc, r: r}
+}
+
+func (w *wsScrubReader) Read(p []byte) (int, error) {
+	for len(w.out) == 0 {
+		if w.err != nil {
+			return 0, w.err
+		}
+		w.out = w.out[:0]
+		w.err = w.frame()
+	}
+	n := copy(p, w.out)
+	w.out = w.out[n:]
+	return n, nil
+}
+
+// frame reads one frame and appends what it becomes to w.out.
+func (w *wsScrubReader) frame() error {
+	var h [14]byte
+	if _, err := io.ReadFull(w.r, h[:2]); err != nil {
+		return err
+	}
+	fin, op := h[0]&0x80 != 0, h[0]&0x0f
+	if h[0]&0x70 != 0 {
+		return errWSFrame
+	}
+	masked := h[1]&0x80 != 0
+	n := uint64(h[1] & 0x7f)
+	switch n {
+	case 126:
+		if _, err := io.ReadFull(w.r, h[2:4]); err != nil {
+			return err
+		}
+		n = uint64(binary.BigEndian.Uint16(h[2:4]))
+	case 127:
+		if _, err := io.ReadFull(w.r, h[2:10]); err != nil {
+			return err
+		}
+		n = binary.BigEndian.Uint64(h[2:10])
+	}
+	var key [4]byte
+	if masked {
+		if _, err := io.ReadFull(w.r, key[:]); err != nil {
+			return err
+		}
+	}
+	var pos uint64 // payload bytes read, for the mask
+	read := func(k uint64) ([]byte, error) {
+		start := len(w.buf)
+		w.buf = append(w.buf, make([]byte, k)...)
+		if _, err := io.ReadFull(w.r, w.buf[start:]); err != nil {
+			return nil, err
+		}
+		if masked {
+			for i := range w.buf[start:] {
+				w.buf[start+i] ^= key[(pos+uint64(i))%4]
+			}
+		}
+		pos += k
+		return w.buf, nil
+	}
+	if op >= 8 { // close, ping, pong: whole, at most 125 bytes
+		if !fin || n > 125 {
+			return errWSFrame
+		}
+		w.buf = w.buf[:0]
+		b, err := read(n)
+		if err != nil {
+			return err
+		}
+		b = w.sc.replace(b)
+		if len(b) > 125 { // a placeholder longer than the value: keep a close's code only
+			keep := 0
+			if op == 8 {
+				keep = 2
+			}
+			b = b[:keep]
+		}
+		w.out = appendWSFrame(w.out, true, op, b)
+		return nil
+	}
+	if op != 0 { // a new message
+		w.op, w.carry = op, w.carry[:0]
+	}
+	for left := n; ; {
+		k := min(left, wsChunk)
+		w.buf = append(w.buf[:0], w.carry...)
+		b, err := read(k)
+		if err != nil {
+			return err
+		}
+		left -= k
+		last := fin && left == 0
+		cut := len(b)
+		if !last {
+			cut = w.sc.safeCut(b)
+		}
+		data := w.sc.replace(b[:cut])
+		if len(data) > 0 || last {
+			w.out = appendWSFrame(w.out, last, w.op, data)
+			w.op = 0 // the rest of the message is continuation
+		}
+		w.carry = append(w.carry[:0], b[cut:]...)
+		if left == 0 {
+			return nil
+		}
+	}
+}
+
+// appendWSFrame appends an unmasked frame.
+func appendWSFrame(out []byte, fin bool, op byte, payload []byte) []byte {
+	b0 := op
+	if fin {
+		b0 |= 0x80
+	}
+	switch n := len(payload); {
+	case n < 126:
+		out = append(out, b0, byte(n))
+	case n <= 0xffff:
+		out = append(out, b0, 126, byte(n>>8), byte(n))
+	default:
+		out = append(out, b0, 127)
+		out = binary.BigEndian.AppendUint64(out, uint64(n))
+	}
+	return append(out, payload...)
+}
