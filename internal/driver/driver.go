@@ -129,6 +129,17 @@ type Handle struct {
 	Data   json.RawMessage `json:"data,omitempty"`
 }
 
+// StateDirHandle is the handle of the instance spec describes, known before
+// the driver made it: every driver's Recover accepts a handle naming only
+// the state dir (what it learns later, a pid, it reads from there). The
+// service records it before a Restore, which makes and starts the instance
+// in one call: a server that died during one left a VM or sandbox running
+// that no record named.
+func StateDirHandle(driverName string, spec Spec) Handle {
+	data, _ := json.Marshal(map[string]string{"state_dir": spec.StateDir})
+	return Handle{Driver: driverName, ID: spec.ID, Data: data}
+}
+
 // Capability names.
 const (
 	CapPause         = "pause"          // Pause/Resume

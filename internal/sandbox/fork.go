@@ -219,6 +219,12 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 		ID: sb.ID, Hostname: "sandbox", Rootfs: rootfs, RootfsKind: kind,
 		StateDir: s.stateDir(sb.ID), AgentPath: s.cfg.AgentPath, VCPU: sb.CPU, MemoryMB: sb.MemoryMB,
 	}
+	// Recorded first: a server that dies during the restore finds (and
+	// removes) what it made.
+	ph, _ := json.Marshal(driver.StateDirHandle(parent.Driver, spec))
+	if err := s.store.SetSandboxHandle(ctx, sb.ID, ph); err != nil {
+		return fail(err)
+	}
 	inst, err = r.Restore(ctx, spec, image)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrConflict) {

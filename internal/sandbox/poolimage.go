@@ -338,6 +338,12 @@ func (s *Service) restoreWarm(ctx context.Context, p *pool) (_ *warm, err error)
 		StateDir: s.stateDir(sb.ID), AgentPath: s.cfg.AgentPath,
 		VCPU: sb.CPU, MemoryMB: sb.MemoryMB, LowPriority: true,
 	}
+	// Recorded first: a server that dies during the restore finds (and
+	// removes) what it made.
+	ph, _ := json.Marshal(driver.StateDirHandle(sb.Driver, spec))
+	if err := s.store.SetSandboxHandle(ctx, sb.ID, ph); err != nil {
+		return nil, err
+	}
 	if inst, err = r.Restore(ctx, spec, p.img.dir); err != nil {
 		return nil, fmt.Errorf("restore %s: %w", sb.ID, err)
 	}

@@ -277,7 +277,7 @@ func testPauseResume(t *testing.T, s Setup, d driver.Driver) {
 }
 
 func testRecover(t *testing.T, s Setup, d driver.Driver) {
-	inst, c, _ := started(t, s, d)
+	inst, c, spec := started(t, s, d)
 	ctx := t.Context()
 	if _, err := c.WriteFile(ctx, "/home/user/keep.txt", strings.NewReader("kept"), 0, ""); err != nil {
 		t.Fatal(err)
@@ -286,7 +286,9 @@ func testRecover(t *testing.T, s Setup, d driver.Driver) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := inst.Handle()
+	// Recovered from the handle known before the instance was made
+	// (driver.StateDirHandle: what a restore cut short by a crash left).
+	h := driver.StateDirHandle(d.Name(), spec)
 	// The server goes away: its host-side handles close, the sandbox runs on.
 	if dt, ok := inst.(driver.Detacher); ok {
 		dt.Detach()
