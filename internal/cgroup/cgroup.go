@@ -150,6 +150,20 @@ func Start(id string, cmd *exec.Cmd, lim Limits) (err error) {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		if syscall.Gettid() == syscall.Getpid() {
+			// The main thread: the process's memory is charged by it (the
+			// mm's owner), and were it not moved back it would park in the
+			// sandbox's cgroup for good. This goroutine keeps it locked
+			// while another one forks from some other thread.
+			inner := make(chan error, 1)
+			go func() {
+				runtime.LockOSThread()
+				inner <- startOnThread(ds, cmd)
+			}()
+			errc <- <-inner
+			runtime.UnlockOSThread()
+			return
+		}
 		errc <- startOnThread(ds, cmd)
 	}()
 	return <-errc
@@ -158,9 +172,8 @@ func Start(id string, cmd *exec.Cmd, lim Limits) (err error) {
 // startOnThread starts cmd from the calling goroutine's locked OS thread
 // moved into the cgroup directories ds (v1: one per hierarchy), then moves
 // the thread back where it was and unlocks it. A thread that cannot be
-// moved back stays locked, so it ends with its goroutine (the main thread
-// is parked for good instead; moving back is what keeps it out of a
-// sandbox's cgroup).
+// moved back stays locked, so it ends with its goroutine (Start never
+// forks from the main thread, which Go would park instead).
 func startOnThread(ds []string, cmd *exec.Cmd) error {
 	tid := strconv.Itoa(syscall.Gettid())
 	var back []string
@@ -463,4 +476,48 @@ func orphanDir(d string, cutoff time.Time) bool {
 		return false
 	}
 	return !slices.ContainsFunc(ents, fs.DirEntry.IsDir)
+}
+
+// Kill ends every process in the sandbox's cgroups and those below them
+// (SIGKILL, again until none is left, for at most 5 s): the last resort
+// when the runtime that started them cannot end them. It returns how many
+// processes it signalled; an error when some remain. A sandbox without
+// cgroups has nothing to kill.
+func Kill(id string) (int, error) {
+	if err := checkID(id); err != nil {
+		return 0, err
+	}
+	ds, _ := filepath.Glob(filepath.Join(Root, "*", Parent, id))
+	if Unified() {
+		ds = append(ds, filepath.Join(Root, Parent, id))
+	}
+	signalled := map[int]bool{}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		var pids []int
+		for _, d := range ds {
+			_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+				if err != nil || !e.IsDir() {
+					return nil
+				}
+				b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+						pids = append(pids, pid)
+					}
+				}
+				return nil
+			})
+		}
+		if len(pids) == 0 {
+			return len(signalled), nil
+		}
+		if time.Now().After(deadline) {
+			return len(signalled), fmt.Errorf("cgroup: %d processes of %s remain after SIGKILL", len(pids), id)
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			signalled[pid] = true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

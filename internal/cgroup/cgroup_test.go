@@ -318,3 +318,36 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Kill ends every process of a sandbox's cgroups, children included, and
+// a sandbox with no cgroup has nothing to kill.
+func TestKill(t *testing.T) {
+	needRoot(t)
+	id := fmt.Sprintf("test-kill-%d", os.Getpid())
+	t.Cleanup(func() { _ = Remove(id) })
+	cmd := exec.Command("sh", "-c", "sleep 600 & sleep 600; wait")
+	if err := Start(id, cmd, Limits{Pids: 16}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	waitFor(t, "the shell's children", func() bool {
+		b, _ := os.ReadFile(filepath.Join(dirs(id)[0], "cgroup.procs"))
+		return len(strings.Fields(string(b))) >= 3
+	})
+	n, err := Kill(id)
+	if err != nil || n < 3 {
+		t.Fatalf("Kill: %d, %v", n, err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the shell outlived Kill")
+	}
+	if err := Remove(id); err != nil {
+		t.Fatalf("cgroup busy after Kill: %v", err)
+	}
+	if n, err := Kill(id); n != 0 || err != nil {
+		t.Errorf("Kill without cgroups: %d, %v", n, err)
+	}
+}

@@ -175,6 +175,14 @@ type Detacher interface {
 	Detach()
 }
 
+// HandleDestroyer is implemented by drivers that can destroy what a handle
+// names without asking it anything first: a kill must end an instance its
+// driver cannot tell the state of (Recover not found nor found: a runsc or
+// a monitor that does not answer). Not finding it is no error.
+type HandleDestroyer interface {
+	DestroyHandle(ctx context.Context, h Handle) error
+}
+
 // Checkpointer is implemented by instances that can save their full running
 // state (memory, processes, writable layer) to a directory.
 type Checkpointer interface {

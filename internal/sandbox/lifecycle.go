@@ -130,11 +130,15 @@ func (s *Service) destroy(ctx context.Context, id string, l *live, reason string
 			if d := s.drivers[h.Driver]; d != nil {
 				var rerr error
 				if inst, rerr = d.Recover(ctx, h); rerr != nil && !errors.Is(rerr, errdefs.ErrNotFound) {
-					// The driver cannot tell whether it runs: marked
-					// stopped, a live instance would be left behind.
-					s.log.Error("destroy: the driver cannot tell whether the instance runs", "sandbox", id, "err", rerr)
-					_ = s.store.UpdateSandboxState(ctx, id, []string{StateStopping}, StateError, "destroy failed: "+rerr.Error())
-					return errdefs.Unavailable("sandbox %s could not be destroyed; it is marked error and can be killed again", id)
+					// The driver cannot tell whether it runs: what the
+					// handle names is destroyed without asking it.
+					// Marked stopped, a live instance would be left
+					// behind; left unsure, it could never be killed.
+					if err := destroyHandle(ctx, d, h); err != nil {
+						s.log.Error("destroy", "sandbox", id, "err", err, "recover", rerr)
+						_ = s.store.UpdateSandboxState(ctx, id, []string{StateStopping}, StateError, "destroy failed: "+err.Error())
+						return errdefs.Unavailable("sandbox %s could not be destroyed; it is marked error and can be killed again", id)
+					}
 				}
 			}
 		}
@@ -269,7 +273,24 @@ func (s *Service) Recover(ctx context.Context) error {
 			continue
 		}
 		inst, err := d.Recover(ctx, h)
-		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable) {
+			// Not an answer about the instance (a bad handle, a socket
+			// that cannot be made): what the handle names is destroyed.
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			log.Warn("recover failed; destroying what the handle names", "err", err)
+			if derr := destroyHandle(ctx, d, h); derr != nil {
+				log.Error("destroy after a failed recover", "err", derr)
+			}
+			if sb.State == StatePooled {
+				_ = s.store.DeleteSandbox(ctx, sb.ID)
+			} else {
+				s.markStopped(ctx, sb, "lost: "+err.Error())
+			}
+			continue
+		}
+		if errors.Is(err, errdefs.ErrUnavailable) {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -346,6 +367,7 @@ func (s *Service) retryRecover(sb store.Sandbox, d driver.Driver, h driver.Handl
 	go func() {
 		defer s.bgWG.Done()
 		log := s.log.With("sandbox", sb.ID)
+		giveUp := time.Now().Add(retryRecoverFor)
 		for wait := time.Second; ; wait = min(2*wait, time.Minute) {
 			select {
 			case <-s.bg.Done():
@@ -357,13 +379,34 @@ func (s *Service) retryRecover(sb store.Sandbox, d driver.Driver, h driver.Handl
 			case err == nil:
 				// The record may have moved on meanwhile (a kill).
 				cur, gerr := s.store.GetSandbox(s.bg, sb.ID)
-				if gerr != nil || cur.State != sb.State {
-					if gerr == nil && cur.State == StateStopped {
+				if gerr != nil {
+					detach(inst)
+					if s.bg.Err() != nil {
+						return
+					}
+					log.Warn("sandbox not re-attached yet: its record could not be read", "err", gerr)
+					continue
+				}
+				if cur.State != sb.State {
+					if cur.State == StateStopping || cur.State == StateStopped {
 						_ = inst.Destroy(context.WithoutCancel(s.bg))
+					} else {
+						detach(inst)
 					}
 					return
 				}
 				s.attachRecovered(s.bg, cur, inst, log)
+				// A kill between the read and the attach destroyed it by
+				// its handle: it is not kept attached.
+				if now, err := s.store.GetSandbox(s.bg, sb.ID); err == nil && (now.State == StateStopping || now.State == StateStopped) {
+					s.mu.Lock()
+					if l := s.live[sb.ID]; l != nil && l.inst == inst {
+						delete(s.live, sb.ID)
+						l.agent.Close()
+					}
+					s.mu.Unlock()
+					detach(inst)
+				}
 				return
 			case errors.Is(err, errdefs.ErrNotFound):
 				if sb.State == StatePooled {
@@ -376,9 +419,42 @@ func (s *Service) retryRecover(sb store.Sandbox, d driver.Driver, h driver.Handl
 			case s.bg.Err() != nil:
 				return
 			}
+			if time.Now().After(giveUp) {
+				// Left in state error, with its handle: a kill or its
+				// timeout destroys what the handle names.
+				log.Error("sandbox not re-attached after restart; giving up", "err", err, "tried_for", retryRecoverFor)
+				if sb.State == StatePooled {
+					_ = destroyHandle(s.bg, d, h)
+					_ = s.store.DeleteSandbox(s.bg, sb.ID)
+				} else {
+					_ = s.store.UpdateSandboxState(s.bg, sb.ID, []string{sb.State}, StateError, "not re-attached after restart: "+err.Error())
+				}
+				return
+			}
 			log.Warn("sandbox still not re-attached", "err", err, "retry_in", min(2*wait, time.Minute))
 		}
 	}()
+}
+
+// retryRecoverFor is how long a sandbox whose driver cannot tell whether
+// it runs is tried again after a restart.
+const retryRecoverFor = time.Hour
+
+// detach releases an instance's host-side handles without stopping it.
+func detach(inst driver.Instance) {
+	if dt, ok := inst.(driver.Detacher); ok {
+		dt.Detach()
+	}
+}
+
+// destroyHandle destroys what h names without asking the instance, where
+// d can (driver.HandleDestroyer).
+func destroyHandle(ctx context.Context, d driver.Driver, h driver.Handle) error {
+	hd, ok := d.(driver.HandleDestroyer)
+	if !ok {
+		return errdefs.Unavailable("driver %s cannot destroy %s without its answer", h.Driver, h.ID)
+	}
+	return hd.DestroyHandle(ctx, h)
 }
 
 func (s *Service) markStopped(ctx context.Context, sb store.Sandbox, reason string) {

@@ -24,6 +24,11 @@ type flakyDriver struct {
 	failStart, failDestroy, failRecover atomic.Int32
 }
 
+// DestroyHandle forwards driver.HandleDestroyer.
+func (d *flakyDriver) DestroyHandle(ctx context.Context, h driver.Handle) error {
+	return d.Driver.(driver.HandleDestroyer).DestroyHandle(ctx, h)
+}
+
 // Recover fails without an answer (as a runsc that timed out) the next
 // failRecover times.
 func (d *flakyDriver) Recover(ctx context.Context, h driver.Handle) (driver.Instance, error) {
@@ -243,7 +248,24 @@ func TestRecoverUnsureLeavesSandboxRunning(t *testing.T) {
 		_, err := s3.Exec(ctx, c, sb.ID, ExecRequest{Cmd: []string{"true"}})
 		return err == nil
 	})
-	if err := s3.Kill(ctx, c, sb.ID); err != nil {
+	s3.Shutdown()
+
+	// The driver never answers: a kill still ends the sandbox (what its
+	// handle names is destroyed without asking); it was marked error and
+	// could never be killed.
+	s4 := restart()
+	fd.failRecover.Store(1 << 20)
+	if err := s4.Recover(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if err := s4.Kill(ctx, c, sb.ID); err != nil {
+		t.Fatalf("kill of a sandbox its driver cannot tell the state of: %v", err)
+	}
+	fd.failRecover.Store(0)
+	rec, _ := st.GetSandbox(ctx, sb.ID)
+	var h driver.Handle
+	json.Unmarshal(rec.Handle, &h)
+	if _, err := fd.Driver.Recover(ctx, h); !errors.Is(err, errdefs.ErrNotFound) || rec.State != StateStopped {
+		t.Errorf("after the kill: record %s, instance %v", rec.State, err)
 	}
 }

@@ -114,11 +114,16 @@ func (c *Config) Defaults() {
 	if c.LogFormat == "" {
 		c.LogFormat = "text"
 	}
-	if c.DefaultTimeoutS == 0 {
-		c.DefaultTimeoutS = 300
-	}
 	if c.MaxTimeoutS == 0 {
 		c.MaxTimeoutS = 86400
+	}
+	if c.DefaultTimeoutS == 0 {
+		// Within a cap set lower than the usual default (which Validate
+		// would refuse).
+		c.DefaultTimeoutS = 300
+		if c.MaxTimeoutS > 0 && c.MaxTimeoutS < 300 {
+			c.DefaultTimeoutS = c.MaxTimeoutS
+		}
 	}
 	if c.PoolSize == 0 {
 		c.PoolSize = 2

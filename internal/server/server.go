@@ -188,6 +188,7 @@ func Run(ctx context.Context, cfg Config) error {
 	reg.MustRegister(eg.Proxy.Collectors()...)
 	svc.SetEgress(eg)
 	if err := svc.Recover(ctx); err != nil {
+		svc.Shutdown() // its background retries end with it
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
 	defer svc.Shutdown()

@@ -30,7 +30,7 @@ func TestValidateBounds(t *testing.T) {
 		{"negative retention", func(c *Config) { c.RetentionDays = -1 }, "--retention-days"},
 		{"huge retention", func(c *Config) { c.RetentionDays = 1 << 40 }, "--retention-days"},
 		{"negative default timeout", func(c *Config) { c.DefaultTimeoutS = -1 }, "--default-timeout"},
-		{"default over the cap", func(c *Config) { c.MaxTimeoutS = 60 }, "over --max-timeout"},
+		{"default over the cap", func(c *Config) { c.MaxTimeoutS, c.DefaultTimeoutS = 60, 120 }, "over --max-timeout"},
 		{"negative cap", func(c *Config) { c.MaxTimeoutS = -1 }, "--max-timeout"},
 		{"snapshot interval", func(c *Config) { c.SnapshotIntervalS = -5 }, "--snapshot-interval"},
 		{"pool size", func(c *Config) { c.PoolSize = -2 }, "--pool-size"},
@@ -54,6 +54,7 @@ func TestValidateBounds(t *testing.T) {
 		func(c *Config) { c.DefaultTimeoutS, c.MaxTimeoutS, c.RetentionDays = 60, 60, 1 },
 		func(c *Config) { c.LogLevel, c.LogFormat, c.DefaultTemplate = "debug", "json", "python-data" },
 		func(c *Config) { c.E2BDomain = "sandboxes.example.com" },
+		func(c *Config) { c.MaxTimeoutS = 60 }, // the default follows the cap down
 	} {
 		var c Config
 		set(&c)

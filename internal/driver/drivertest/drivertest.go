@@ -47,6 +47,9 @@ func Run(t *testing.T, s Setup) {
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, s, d) })
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, s, d) })
 	t.Run("Recover", func(t *testing.T) { testRecover(t, s, d) })
+	if _, ok := d.(driver.HandleDestroyer); ok {
+		t.Run("DestroyHandle", func(t *testing.T) { testDestroyHandle(t, s, d) })
+	}
 	t.Run("Wait", func(t *testing.T) { testWait(t, s, d) })
 	t.Run("CheckpointRestore", func(t *testing.T) { testCheckpointRestore(t, s, d) })
 	t.Run("ExportUpper", func(t *testing.T) { testExportUpper(t, s, d) })
@@ -325,6 +328,32 @@ func testRecover(t *testing.T, s Setup, d driver.Driver) {
 	}
 	if _, err := d2.Recover(ctx, h); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Recover of a destroyed instance: %v, want not found", err)
+	}
+}
+
+// testDestroyHandle: a restarted server destroys a running instance from
+// the handle alone (what a kill does when the driver cannot tell whether
+// it runs); destroying it again, or one already gone, is no error.
+func testDestroyHandle(t *testing.T, s Setup, d driver.Driver) {
+	inst, c, spec := started(t, s, d)
+	c.Close()
+	if dt, ok := inst.(driver.Detacher); ok {
+		dt.Detach()
+	}
+	d2 := s.New(t)
+	h := driver.StateDirHandle(d.Name(), spec)
+	ctx := t.Context()
+	if err := d2.(driver.HandleDestroyer).DestroyHandle(ctx, h); err != nil {
+		t.Fatalf("DestroyHandle: %v", err)
+	}
+	if _, err := d2.Recover(ctx, h); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Recover after DestroyHandle: %v, want not found", err)
+	}
+	if _, err := os.Stat(spec.StateDir); !os.IsNotExist(err) {
+		t.Errorf("state dir after DestroyHandle: %v", err)
+	}
+	if err := d2.(driver.HandleDestroyer).DestroyHandle(ctx, h); err != nil {
+		t.Errorf("DestroyHandle again: %v", err)
 	}
 }
 

@@ -87,12 +87,13 @@ type Driver struct {
 }
 
 var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.Restorer     = (*Driver)(nil)
-	_ driver.Instance     = (*Instance)(nil)
-	_ driver.Detacher     = (*Instance)(nil)
-	_ driver.Checkpointer = (*Instance)(nil)
-	_ driver.Prioritizer  = (*Instance)(nil)
+	_ driver.Driver          = (*Driver)(nil)
+	_ driver.Restorer        = (*Driver)(nil)
+	_ driver.HandleDestroyer = (*Driver)(nil)
+	_ driver.Instance        = (*Instance)(nil)
+	_ driver.Detacher        = (*Instance)(nil)
+	_ driver.Checkpointer    = (*Instance)(nil)
+	_ driver.Prioritizer     = (*Instance)(nil)
 )
 
 // New finds firecracker (and the jailer), checks their versions, finds the
@@ -421,6 +422,23 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 		return lost(fmt.Sprintf("vm state %q", info.State))
 	}
 	return inst, nil
+}
+
+// DestroyHandle implements driver.HandleDestroyer: the VMM the handle (or
+// its pid file) names is killed if it is this instance's, and its cgroups
+// and directories are removed, without asking its API.
+func (d *Driver) DestroyHandle(ctx context.Context, h driver.Handle) error {
+	var hd handleData
+	if h.Driver != Name || json.Unmarshal(h.Data, &hd) != nil || hd.StateDir == "" || !idRE.MatchString(h.ID) {
+		return errdefs.InvalidArgument("firecracker: bad handle for %s", h.ID)
+	}
+	inst := d.newInstance(h.ID, hd.StateDir)
+	if hd.Root != "" {
+		inst.root = hd.Root
+	}
+	inst.started = true
+	inst.pid = hd.Pid
+	return inst.Destroy(ctx)
 }
 
 func (d *Driver) newInstance(id, stateDir string) *Instance {

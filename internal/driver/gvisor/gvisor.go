@@ -74,12 +74,13 @@ type Driver struct {
 }
 
 var (
-	_ driver.Driver        = (*Driver)(nil)
-	_ driver.Instance      = (*Instance)(nil)
-	_ driver.Detacher      = (*Instance)(nil)
-	_ driver.Checkpointer  = (*Instance)(nil)
-	_ driver.UpperExporter = (*Instance)(nil)
-	_ driver.Restorer      = (*Driver)(nil)
+	_ driver.Driver          = (*Driver)(nil)
+	_ driver.Instance        = (*Instance)(nil)
+	_ driver.Detacher        = (*Instance)(nil)
+	_ driver.Checkpointer    = (*Instance)(nil)
+	_ driver.UpperExporter   = (*Instance)(nil)
+	_ driver.Restorer        = (*Driver)(nil)
+	_ driver.HandleDestroyer = (*Driver)(nil)
 )
 
 // New checks that runsc runs and returns the driver.
@@ -401,6 +402,17 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 		return nil, err
 	}
 	return inst, nil
+}
+
+// DestroyHandle implements driver.HandleDestroyer.
+func (d *Driver) DestroyHandle(ctx context.Context, h driver.Handle) error {
+	var hd handleData
+	if h.Driver != Name || json.Unmarshal(h.Data, &hd) != nil || hd.StateDir == "" || !idRE.MatchString(h.ID) {
+		return errdefs.InvalidArgument("gvisor: bad handle for %s", h.ID)
+	}
+	inst := d.newInstance(h.ID, hd.StateDir)
+	inst.created = true
+	return inst.Destroy(ctx)
 }
 
 func (d *Driver) newInstance(id, stateDir string) *Instance {
@@ -898,7 +910,14 @@ func (i *Instance) Destroy(ctx context.Context) error {
 	var errs []error
 	if created {
 		if _, err := i.d.runsc(ctx, i, nil, "delete", "--force", i.id); err != nil && !isNotExist(err) {
-			errs = append(errs, err)
+			// runsc could not (a state it cannot read): its processes
+			// are ended through their cgroup, and with none left the
+			// sandbox is gone whatever runsc says.
+			if n, kerr := cgroup.Kill(i.id); kerr != nil {
+				errs = append(errs, err)
+			} else {
+				i.log.Warn("runsc delete failed; the sandbox's processes were killed through its cgroup", "err", err, "killed", n)
+			}
 		}
 	}
 	if len(errs) == 0 {

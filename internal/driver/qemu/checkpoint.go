@@ -25,8 +25,8 @@ import (
 // QEMU 7.2 has no file: migration, and QEMU may not spawn (seccomp
 // spawn=deny; it runs as a uid that could not open the file anyway): the
 // server opens memory and hands QEMU the descriptor, over the monitor
-// (getfd, then `migrate fd:`) to save and as fd 3 (`-incoming fd:3`) to
-// restore.
+// (getfd, then `migrate fd:`) to save and as fd 5 (`-incoming fd:5`; 3
+// and 4 are the disk's) to restore.
 const (
 	ckptMemory  = "memory"
 	ckptDisk    = "disk.qcow2"
@@ -169,7 +169,7 @@ func (i *Instance) migrateTo(ctx context.Context, q *qmp, file string) error {
 		case "completed":
 			return nil
 		case "failed", "cancelled":
-			return fmt.Errorf("qemu: checkpoint migration %s: %s (QEMU: %s)", st.Status, st.ErrorDesc, hostproc.TailFile(filepath.Join(i.stateDir, "qemu-start.log"), 1500))
+			return fmt.Errorf("qemu: checkpoint migration %s: %s (QEMU: %s)", st.Status, st.ErrorDesc, hostproc.TailFile(i.logPath(), 1500))
 		}
 		select {
 		case <-time.After(5 * time.Millisecond):

@@ -82,12 +82,13 @@ type Driver struct {
 }
 
 var (
-	_ driver.Driver       = (*Driver)(nil)
-	_ driver.Restorer     = (*Driver)(nil)
-	_ driver.Instance     = (*Instance)(nil)
-	_ driver.Detacher     = (*Instance)(nil)
-	_ driver.Checkpointer = (*Instance)(nil)
-	_ driver.Prioritizer  = (*Instance)(nil)
+	_ driver.Driver          = (*Driver)(nil)
+	_ driver.Restorer        = (*Driver)(nil)
+	_ driver.HandleDestroyer = (*Driver)(nil)
+	_ driver.Instance        = (*Instance)(nil)
+	_ driver.Detacher        = (*Instance)(nil)
+	_ driver.Checkpointer    = (*Instance)(nil)
+	_ driver.Prioritizer     = (*Instance)(nil)
 )
 
 // New finds QEMU and the guest kernel and chooses the accelerator.
@@ -394,6 +395,20 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	return inst, nil
 }
 
+// DestroyHandle implements driver.HandleDestroyer: the VM process the
+// handle (or its pid file) names is killed if it is this instance's, and
+// its cgroups and state dir are removed, without asking its monitor.
+func (d *Driver) DestroyHandle(ctx context.Context, h driver.Handle) error {
+	var hd handleData
+	if h.Driver != Name || json.Unmarshal(h.Data, &hd) != nil || hd.StateDir == "" || !idRE.MatchString(h.ID) {
+		return errdefs.InvalidArgument("qemu: bad handle for %s", h.ID)
+	}
+	inst := d.newInstance(h.ID, hd.StateDir)
+	inst.started = true
+	inst.pid = hd.Pid
+	return inst.Destroy(ctx)
+}
+
 func (d *Driver) newInstance(id, stateDir string) *Instance {
 	return &Instance{d: d, id: id, stateDir: stateDir, log: d.log.With("sandbox", id)}
 }
@@ -430,6 +445,7 @@ func (i *Instance) agentSock() string   { return filepath.Join(i.stateDir, "agen
 func (i *Instance) qmpSock() string     { return filepath.Join(i.stateDir, "qmp.sock") }
 func (i *Instance) pidPath() string     { return filepath.Join(i.stateDir, "qemu.pid") }
 func (i *Instance) consolePath() string { return filepath.Join(i.stateDir, "console.log") }
+func (i *Instance) logPath() string     { return filepath.Join(i.stateDir, "qemu-start.log") }
 func (i *Instance) machinePath() string { return filepath.Join(i.stateDir, "machine.json") }
 
 // ID implements driver.Instance.
@@ -467,8 +483,11 @@ func (i *Instance) Start(ctx context.Context) error {
 // It is not daemonized: QEMU's -daemonize forks after its seccomp filter
 // is in place, which spawn=deny forbids. Its output goes to a file.
 func (i *Instance) launch(ctx context.Context, incoming *os.File) error {
-	logPath := filepath.Join(i.stateDir, "qemu-start.log")
-	out, err := os.Create(logPath)
+	logPath := i.logPath()
+	// Appended to and capped with the console (capConsole): QEMU writes
+	// its errors there for the VM's whole life, and a guest that makes it
+	// complain without end would fill the disk.
+	out, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("qemu: start %s: %w", i.id, err)
 	}
@@ -551,14 +570,17 @@ const (
 	consoleKeep = 256 << 10
 )
 
-// capConsole keeps the VM's console log within consoleMax while it runs.
+// capConsole keeps the VM's console log and QEMU's own log within
+// consoleMax while it runs.
 func (i *Instance) capConsole() {
-	hostproc.CapFile(i.consolePath(), consoleMax, consoleKeep, 5*time.Second, func() bool {
+	alive := func() bool {
 		i.mu.Lock()
 		pid, destroyed := i.pid, i.destroyed
 		i.mu.Unlock()
 		return !destroyed && hostproc.Alive(pid)
-	})
+	}
+	go hostproc.CapFile(i.logPath(), consoleMax, consoleKeep, 5*time.Second, alive)
+	hostproc.CapFile(i.consolePath(), consoleMax, consoleKeep, 5*time.Second, alive)
 }
 
 // Prioritize implements driver.Prioritizer: a pooled VM's cgroup gets the
