@@ -1,6 +1,8 @@
 package egress
 
 import (
+	"bufio"
+	"bytes"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -103,5 +105,30 @@ func BenchmarkProxyThroughput(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkWSScrub is the WebSocket scrubber's throughput on 64 KiB
+// binary frames that hold no secret (the common case).
+func BenchmarkWSScrub(b *testing.B) {
+	ph := NewPlaceholder()
+	hosts, _ := hostPatterns([]string{"h.test"})
+	sc := newScrubber([]*boundSecret{{placeholder: ph, secret: Secret{Name: "T", Value: []byte("QSECRET_bench_value")}, hosts: hosts}}, "h.test")
+	payload := make([]byte, 64<<10)
+	for i := range payload {
+		payload[i] = byte('a' + i%26)
+	}
+	frame := appendWSFrame(nil, true, 2, payload)
+	var in []byte
+	for range 64 {
+		in = append(in, frame...)
+	}
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		r := newWSScrubReader(sc, bufio.NewReaderSize(bytes.NewReader(in), 64<<10))
+		if _, err := io.Copy(io.Discard, r); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
