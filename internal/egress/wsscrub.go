@@ -22,7 +22,9 @@ const wsChunk = 64 << 10
 
 var errWSFrame = errors.New("websocket: a frame the proxy cannot scrub (an extension's bits, or a malformed control frame)")
 
-// wsScrubReader reads the host's frames from r and yields them scrubbed.
+// wsScrubReader reads the host's frames from r and yields them scrubbed,
+// a piece of at most wsChunk at a time: what it holds is bounded whatever
+// length a frame claims.
 type wsScrubReader struct {
 	sc    *scrubber
 	r     *bufio.Reader
@@ -31,6 +33,14 @@ type wsScrubReader struct {
 	op    byte   // opcode of the message's next frame out (its own, then continuation)
 	buf   []byte
 	err   error
+
+	// The data frame being read (left > 0, or a FIN frame not finished).
+	inFrame bool
+	fin     bool
+	masked  bool
+	key     [4]byte
+	pos     uint64 // payload bytes read, for the mask
+	left    uint64
 }
 
 func newWSScrubReader(sc *scrubber, r *bufio.Reader) *wsScrubReader {
@@ -43,16 +53,37 @@ func (w *wsScrubReader) Read(p []byte) (int, error) {
 			return 0, w.err
 		}
 		w.out = w.out[:0]
-		w.err = w.frame()
+		if w.inFrame {
+			w.err = w.piece()
+		} else {
+			w.err = w.frame()
+		}
 	}
 	n := copy(p, w.out)
 	w.out = w.out[n:]
 	return n, nil
 }
 
-// frame reads one frame and appends what it becomes to w.out.
+// read appends k payload bytes of the current frame to w.buf, unmasked.
+func (w *wsScrubReader) read(k uint64) error {
+	start := len(w.buf)
+	w.buf = append(w.buf, make([]byte, k)...)
+	if _, err := io.ReadFull(w.r, w.buf[start:]); err != nil {
+		return err
+	}
+	if w.masked {
+		for i := range w.buf[start:] {
+			w.buf[start+i] ^= w.key[(w.pos+uint64(i))%4]
+		}
+	}
+	w.pos += k
+	return nil
+}
+
+// frame reads a frame's header: a control frame whole, a data frame's
+// first piece.
 func (w *wsScrubReader) frame() error {
-	var h [14]byte
+	var h [8]byte
 	if _, err := io.ReadFull(w.r, h[:2]); err != nil {
 		return err
 	}
@@ -60,51 +91,37 @@ func (w *wsScrubReader) frame() error {
 	if h[0]&0x70 != 0 {
 		return errWSFrame
 	}
-	masked := h[1]&0x80 != 0
+	w.masked = h[1]&0x80 != 0
 	n := uint64(h[1] & 0x7f)
 	switch n {
 	case 126:
-		if _, err := io.ReadFull(w.r, h[2:4]); err != nil {
+		if _, err := io.ReadFull(w.r, h[:2]); err != nil {
 			return err
 		}
-		n = uint64(binary.BigEndian.Uint16(h[2:4]))
+		n = uint64(binary.BigEndian.Uint16(h[:2]))
 	case 127:
-		if _, err := io.ReadFull(w.r, h[2:10]); err != nil {
+		if _, err := io.ReadFull(w.r, h[:8]); err != nil {
 			return err
 		}
-		n = binary.BigEndian.Uint64(h[2:10])
+		if n = binary.BigEndian.Uint64(h[:8]); n>>63 != 0 {
+			return errWSFrame // the most significant bit must be 0
+		}
 	}
-	var key [4]byte
-	if masked {
-		if _, err := io.ReadFull(w.r, key[:]); err != nil {
+	if w.masked {
+		if _, err := io.ReadFull(w.r, w.key[:]); err != nil {
 			return err
 		}
 	}
-	var pos uint64 // payload bytes read, for the mask
-	read := func(k uint64) ([]byte, error) {
-		start := len(w.buf)
-		w.buf = append(w.buf, make([]byte, k)...)
-		if _, err := io.ReadFull(w.r, w.buf[start:]); err != nil {
-			return nil, err
-		}
-		if masked {
-			for i := range w.buf[start:] {
-				w.buf[start+i] ^= key[(pos+uint64(i))%4]
-			}
-		}
-		pos += k
-		return w.buf, nil
-	}
+	w.pos = 0
 	if op >= 8 { // close, ping, pong: whole, at most 125 bytes
 		if !fin || n > 125 {
 			return errWSFrame
 		}
 		w.buf = w.buf[:0]
-		b, err := read(n)
-		if err != nil {
+		if err := w.read(n); err != nil {
 			return err
 		}
-		b = w.sc.replace(b)
+		b := w.sc.replace(w.buf)
 		if len(b) > 125 { // a placeholder longer than the value: keep a close's code only
 			keep := 0
 			if op == 8 {
@@ -118,29 +135,35 @@ func (w *wsScrubReader) frame() error {
 	if op != 0 { // a new message
 		w.op, w.carry = op, w.carry[:0]
 	}
-	for left := n; ; {
-		k := min(left, wsChunk)
-		w.buf = append(w.buf[:0], w.carry...)
-		b, err := read(k)
-		if err != nil {
-			return err
-		}
-		left -= k
-		last := fin && left == 0
-		cut := len(b)
-		if !last {
-			cut = w.sc.safeCut(b)
-		}
-		data := w.sc.replace(b[:cut])
-		if len(data) > 0 || last {
-			w.out = appendWSFrame(w.out, last, w.op, data)
-			w.op = 0 // the rest of the message is continuation
-		}
-		w.carry = append(w.carry[:0], b[cut:]...)
-		if left == 0 {
-			return nil
-		}
+	w.inFrame, w.fin, w.left = true, fin, n
+	return w.piece()
+}
+
+// piece reads the next piece (at most wsChunk) of the current data frame
+// and appends what can go out.
+func (w *wsScrubReader) piece() error {
+	k := min(w.left, wsChunk)
+	w.buf = append(w.buf[:0], w.carry...)
+	if err := w.read(k); err != nil {
+		return err
 	}
+	w.left -= k
+	last := w.fin && w.left == 0
+	b := w.buf
+	cut := len(b)
+	if !last {
+		cut = w.sc.safeCut(b)
+	}
+	data := w.sc.replace(b[:cut])
+	if len(data) > 0 || last {
+		w.out = appendWSFrame(w.out, last, w.op, data)
+		w.op = 0 // the rest of the message is continuation
+	}
+	w.carry = append(w.carry[:0], b[cut:]...)
+	if w.left == 0 {
+		w.inFrame = false
+	}
+	return nil
 }
 
 // appendWSFrame appends an unmasked frame.

@@ -191,3 +191,38 @@ func TestWebSocketToSecretHostScrubbed(t *testing.T) {
 		t.Errorf("switch to another protocol: %q", head)
 	}
 }
+
+// A frame claiming a huge length is passed on piece by piece as it
+// arrives (the scrubber held the whole frame, so a host could exhaust the
+// server's memory with one header); a length with its top bit set is
+// refused.
+func TestWSScrubReaderBounded(t *testing.T) {
+	ph := NewPlaceholder()
+	sc := newScrubber([]*boundSecret{{placeholder: ph, secret: Secret{Name: "T", Value: []byte("QSECRET_big")}, hosts: mustHosts(t, "h.test")}}, "h.test")
+	head := []byte{0x82, 127}
+	head = binary.BigEndian.AppendUint64(head, 1<<40) // a terabyte
+	// 64 MiB of it arrive (a regression fails on their end, not by
+	// exhausting the test machine's memory).
+	src := io.MultiReader(bytes.NewReader(head), io.LimitReader(endless{}, 64<<20))
+	r := newWSScrubReader(sc, bufio.NewReader(src))
+	got, err := io.ReadFull(r, make([]byte, 4<<20))
+	if err != nil || got != 4<<20 {
+		t.Fatalf("first 4 MiB of a terabyte frame: %d, %v", got, err)
+	}
+	if len(r.buf) > 2*wsChunk || cap(r.out) > 4*wsChunk {
+		t.Errorf("the scrubber holds %d + %d bytes", cap(r.buf), cap(r.out))
+	}
+	bad := []byte{0x82, 127, 0x80, 0, 0, 0, 0, 0, 0, 1}
+	if _, err := io.ReadAll(newWSScrubReader(sc, bufio.NewReader(bytes.NewReader(bad)))); !errors.Is(err, errWSFrame) {
+		t.Errorf("a length with its top bit set: %v", err)
+	}
+}
+
+type endless struct{}
+
+func (endless) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'z'
+	}
+	return len(p), nil
+}
