@@ -478,6 +478,22 @@ func orphanDir(d string, cutoff time.Time) bool {
 	return !slices.ContainsFunc(ents, fs.DirEntry.IsDir)
 }
 
+// inSandbox reports whether pid is in a cgroup of sandbox id (or below).
+func inSandbox(pid int, id string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return false
+	}
+	want := "/" + Parent + "/" + id
+	for _, line := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && (parts[2] == want || strings.HasPrefix(parts[2], want+"/")) {
+			return true
+		}
+	}
+	return false
+}
+
 // Kill ends every process in the sandbox's cgroups and those below them
 // (SIGKILL, again until none is left, for at most 5 s): the last resort
 // when the runtime that started them cannot end them. It returns how many
@@ -515,6 +531,13 @@ func Kill(id string) (int, error) {
 			return len(signalled), fmt.Errorf("cgroup: %d processes of %s remain after SIGKILL", len(pids), id)
 		}
 		for _, pid := range pids {
+			// Never this process (a thread of it may pass through a
+			// sandbox's cgroup in Start), and only a process that is
+			// still in this sandbox's cgroup (its pid may have been freed
+			// and reused since the list was read).
+			if pid == os.Getpid() || !inSandbox(pid, id) {
+				continue
+			}
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			signalled[pid] = true
 		}

@@ -116,7 +116,10 @@ func (s *Service) destroy(ctx context.Context, id string, l *live, reason string
 		return err
 	}
 	s.mu.Lock()
-	if s.live[id] == l {
+	if cur := s.live[id]; cur == l || l == nil {
+		// Not attached when the kill began, attached since (a background
+		// re-attach after a restart): that instance is the one to end.
+		l = cur
 		delete(s.live, id)
 	}
 	s.mu.Unlock()
@@ -281,7 +284,10 @@ func (s *Service) Recover(ctx context.Context) error {
 			}
 			log.Warn("recover failed; destroying what the handle names", "err", err)
 			if derr := destroyHandle(ctx, d, h); derr != nil {
+				// It may still run: kept, with its handle, for a kill.
 				log.Error("destroy after a failed recover", "err", derr)
+				_ = s.store.UpdateSandboxState(ctx, sb.ID, liveStates, StateError, "not re-attached after restart: "+err.Error()+"; destroy failed: "+derr.Error())
+				continue
 			}
 			if sb.State == StatePooled {
 				_ = s.store.DeleteSandbox(ctx, sb.ID)
@@ -379,9 +385,13 @@ func (s *Service) retryRecover(sb store.Sandbox, d driver.Driver, h driver.Handl
 			case err == nil:
 				// The record may have moved on meanwhile (a kill).
 				cur, gerr := s.store.GetSandbox(s.bg, sb.ID)
+				if errors.Is(gerr, errdefs.ErrNotFound) {
+					_ = inst.Destroy(context.WithoutCancel(s.bg)) // no record names it any more
+					return
+				}
 				if gerr != nil {
 					detach(inst)
-					if s.bg.Err() != nil {
+					if s.bg.Err() != nil || time.Now().After(giveUp) {
 						return
 					}
 					log.Warn("sandbox not re-attached yet: its record could not be read", "err", gerr)
@@ -405,6 +415,7 @@ func (s *Service) retryRecover(sb store.Sandbox, d driver.Driver, h driver.Handl
 						l.agent.Close()
 					}
 					s.mu.Unlock()
+					s.dropNetwork(sb.ID) // the attach bound it again
 					detach(inst)
 				}
 				return

@@ -376,7 +376,9 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	}
 	inst := d.newInstance(h.ID, hd.StateDir)
 	inst.created = true
-	st, err := inst.state(ctx)
+	sctx, cancel := context.WithTimeout(ctx, runscAnswerWithin)
+	st, err := inst.state(sctx)
+	cancel()
 	if err != nil && !strings.Contains(err.Error(), "does not exist") {
 		// Not an answer: a cancelled start, a runsc that timed out on a
 		// busy host. The sandbox may well run; destroying it here killed
@@ -399,7 +401,9 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	inst.started = st.Status != "created"
 	inst.pid = st.Pid
 	if err := inst.listen(); err != nil {
-		return nil, err
+		// It runs; only its socket could not be made (no descriptors
+		// left, a full disk): no verdict on the sandbox.
+		return nil, fmt.Errorf("gvisor: recover %s: %v: %w", h.ID, err, errdefs.ErrUnavailable)
 	}
 	return inst, nil
 }
@@ -414,6 +418,10 @@ func (d *Driver) DestroyHandle(ctx context.Context, h driver.Handle) error {
 	inst.created = true
 	return inst.Destroy(ctx)
 }
+
+// runscAnswerWithin bounds a runsc state or delete that recovery and
+// destroys wait for.
+const runscAnswerWithin = 30 * time.Second
 
 func (d *Driver) newInstance(id, stateDir string) *Instance {
 	return &Instance{d: d, id: id, stateDir: stateDir, log: d.log.With("sandbox", id), conns: make(chan net.Conn, 1), gone: make(chan struct{})}
@@ -909,7 +917,12 @@ func (i *Instance) Destroy(ctx context.Context) error {
 	i.Detach()
 	var errs []error
 	if created {
-		if _, err := i.d.runsc(ctx, i, nil, "delete", "--force", i.id); err != nil && !isNotExist(err) {
+		// Bounded: a runsc that hangs (a stuck sandbox, a lock) is ended
+		// and the sandbox's processes killed through its cgroup instead.
+		dctx, cancel := context.WithTimeout(ctx, runscAnswerWithin)
+		_, err := i.d.runsc(dctx, i, nil, "delete", "--force", i.id)
+		cancel()
+		if err != nil && !isNotExist(err) {
 			// runsc could not (a state it cannot read): its processes
 			// are ended through their cgroup, and with none left the
 			// sandbox is gone whatever runsc says.

@@ -336,3 +336,56 @@ func TestStartTimeoutSaysWhere(t *testing.T) {
 		t.Errorf("Start took %v to give up (it answered SIGQUIT at once)", took)
 	}
 }
+
+// A destroy that runsc cannot do (here: every delete fails) still ends
+// the sandbox: its processes are killed through its cgroup, and the
+// destroy succeeds once none is left.
+func TestDestroyWhenRunscCannot(t *testing.T) {
+	runsc := testenv.Runsc(t)
+	d, spec := newDriver(t)
+	ctx := t.Context()
+	s := spec()
+	inst, err := d.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.Start(ctx); err != nil {
+		inst.Destroy(ctx)
+		t.Fatal(err)
+	}
+	h := inst.Handle()
+	inst.(driver.Detacher).Detach()
+	procs := func() []string {
+		var out []string
+		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*/space", s.ID))
+		for _, dir := range dirs {
+			b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			out = append(out, strings.Fields(string(b))...)
+		}
+		return out
+	}
+	if len(procs()) == 0 {
+		d.DestroyHandle(ctx, h)
+		t.Skip("runsc made no cgroup under space/ on this host")
+	}
+	wrapper := filepath.Join(t.TempDir(), "runsc")
+	script := "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = delete ] && { echo injected: delete fails >&2; exit 1; }; done\nexec " + runsc + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Dir(filepath.Dir(s.StateDir)) // newDriver's root
+	broken, err := gvisor.New(ctx, gvisor.Config{Runsc: wrapper, Root: filepath.Join(root, "runsc"), Log: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.DestroyHandle(context.Background(), h) }) // runsc's own state
+	if err := broken.DestroyHandle(ctx, h); err != nil {
+		t.Fatalf("destroy with a runsc that cannot delete: %v", err)
+	}
+	if left := procs(); len(left) > 0 {
+		t.Errorf("sandbox processes left: %v", left)
+	}
+	if _, err := os.Stat(s.StateDir); !os.IsNotExist(err) {
+		t.Errorf("state dir left: %v", err)
+	}
+}
