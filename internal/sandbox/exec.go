@@ -157,7 +157,7 @@ func (r ExecRequest) agentRequest() agentproto.StartRequest {
 // started observes the start latency and logs the process in the history.
 func (s *Service) started(sb store.Sandbox, pid int, req ExecRequest, start time.Time) {
 	s.metrics.ExecLatency.WithLabelValues(sb.Driver).Observe(s.now().Sub(start).Seconds())
-	s.procs.add(store.ProcessOp{Start: &store.Process{SandboxID: sb.ID, PID: pid, Cmd: req.recordedCmd(), Background: req.Background, StartedAt: start.UTC()}})
+	s.procs.add(store.ProcessOp{Start: &store.Process{SandboxID: sb.ID, PID: pid, Cmd: req.recordedCmd(), Tag: req.Tag, Background: req.Background, StartedAt: start.UTC()}})
 }
 
 // recordedCmd is the command the history keeps of r: capped here already

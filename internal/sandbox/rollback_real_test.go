@@ -198,6 +198,9 @@ func TestRecoverUnsureLeavesSandboxRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Runs before realServiceWith's cleanup kills what is left: a failing
+	// run must not leave its sandbox to an injected failure.
+	t.Cleanup(func() { fd.failRecover.Store(0) })
 	if _, err := svc.Exec(ctx, c, sb.ID, ExecRequest{Cmd: []string{"true"}}); err != nil {
 		t.Fatal(err)
 	}
