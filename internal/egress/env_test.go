@@ -114,6 +114,9 @@ func (u *upstream) handler() http.Handler {
 		// keeping the query, an echo in a header, an encoded or repeated
 		// echo in the body.
 		w.Header().Set("X-Echo-Auth", r.Header.Get("Authorization"))
+		if q.Get("name") != "" { // the credential as a header's name
+			w.Header().Set("X-Name-"+strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "), "1")
+		}
 		if q.Get("redirect") != "" {
 			http.Redirect(w, r, "/elsewhere?"+r.URL.RawQuery, http.StatusMovedPermanently)
 			return

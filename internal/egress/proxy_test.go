@@ -643,6 +643,16 @@ func TestSecretReflection(t *testing.T) {
 			t.Errorf("%s carries the secret: %q", what, s)
 		}
 	}
+	// A header's name is scrubbed too.
+	if resp, _ := do("/n?name=1"); true {
+		for k := range resp.Header {
+			leaked("header name", k)
+			leaked("header name", strings.ToUpper(k))
+		}
+		if resp.Header.Get("X-Name-"+phTok) != "1" { // the name is canonical: its case does not matter
+			t.Errorf("the echoed header's name does not carry the placeholder: %v", resp.Header)
+		}
+	}
 	// A trailer (after a chunked body) is scrubbed as a header is.
 	if resp, body := do("/t?trailer=1"); resp.Trailer.Get("X-Echo-Trailer") != "Bearer "+phTok {
 		t.Errorf("trailer %q (body %q), want the placeholder", resp.Trailer.Get("X-Echo-Trailer"), body)

@@ -116,11 +116,7 @@ var errEncoded = errors.New("response body in an encoding the proxy cannot inspe
 // response scrubs resp's header values and wraps its body. A body in an
 // encoding other than gzip is errEncoded.
 func (sc *scrubber) response(req *http.Request, resp *http.Response) error {
-	for k, vs := range resp.Header {
-		for i, v := range vs {
-			resp.Header[k][i] = string(sc.replace([]byte(v)))
-		}
-	}
+	sc.scrubHeader(resp.Header)
 	if resp.StatusCode < 200 || resp.Body == nil || resp.Body == http.NoBody || req.Method == http.MethodHead ||
 		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified {
 		return nil
@@ -149,6 +145,39 @@ func (sc *scrubber) response(req *http.Request, resp *http.Response) error {
 	}
 	resp.Body = &scrubReader{sc: sc, r: body, c: resp.Body, trailer: resp.Trailer}
 	return nil
+}
+
+// scrubHeader replaces the needles in h's values and names (a host can
+// send the value back as a header's name as well).
+func (sc *scrubber) scrubHeader(h http.Header) {
+	for k, vs := range h {
+		for i, v := range vs {
+			vs[i] = string(sc.replace([]byte(v)))
+		}
+		if nk := sc.replaceFold(k); nk != k {
+			delete(h, k)
+			h[http.CanonicalHeaderKey(nk)] = append(h[http.CanonicalHeaderKey(nk)], vs...)
+		}
+	}
+}
+
+// replaceFold is replace ignoring ASCII case, for header names (HTTP
+// canonicalizes them: a value sent back as a name arrives with its letters'
+// case changed).
+func (sc *scrubber) replaceFold(k string) string {
+	for i, n := range sc.needles {
+		ln := strings.ToLower(string(n))
+		for from := 0; ; {
+			j := strings.Index(strings.ToLower(k[from:]), ln)
+			if j < 0 {
+				break
+			}
+			j += from
+			k = k[:j] + string(sc.repl[i]) + k[j+len(n):]
+			from = j + len(sc.repl[i]) // past it: a placeholder may hold the value
+		}
+	}
+	return k
 }
 
 // replace returns b with every needle replaced.
@@ -211,11 +240,7 @@ func (s *scrubReader) Read(p []byte) (int, error) {
 		cut := s.n
 		if err != nil {
 			s.eof, s.rerr = true, err
-			for k, vs := range s.trailer {
-				for i, v := range vs {
-					s.trailer[k][i] = string(s.sc.replace([]byte(v)))
-				}
-			}
+			s.sc.scrubHeader(s.trailer)
 		} else {
 			// Pass on all but a tail that could be the start of a needle;
 			// a needle crossing the cut is left whole in the tail (moving

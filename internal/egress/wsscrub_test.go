@@ -226,3 +226,19 @@ func (endless) Read(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// A header name holding a value, in any case, is scrubbed, also when the
+// placeholder itself contains the value (it looped for good).
+func TestReplaceFold(t *testing.T) {
+	sc := newScrubber([]*boundSecret{{placeholder: "space_ph_abc", secret: Secret{Name: "T", Value: []byte("space")}, hosts: mustHosts(t, "h.test")}}, "h.test")
+	done := make(chan string, 1)
+	go func() { done <- sc.replaceFold("X-Space-Space") }()
+	select {
+	case got := <-done:
+		if got != "X-space_ph_abc-space_ph_abc" {
+			t.Errorf("replaceFold = %q", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("replaceFold did not end")
+	}
+}
