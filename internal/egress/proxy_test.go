@@ -564,25 +564,7 @@ func TestSlowTLSClientStillIntercepted(t *testing.T) {
 func TestServerSpeaksFirstRelayedRaw(t *testing.T) {
 	// An upstream that speaks first (an ssh or smtp banner) gets a raw
 	// tunnel, with or without secrets bound: the client may wait for it.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.WriteString(c, "SSH-2.0-banner\r\n")
-				io.Copy(c, c)
-			}()
-		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
+	port := echoServer(t, "SSH-2.0-banner\r\n")
 	for _, secrets := range []bool{false, true} {
 		e := newEnv(t)
 		target := fmt.Sprintf("allowed.test:%d", port)
@@ -905,21 +887,7 @@ func waitCond(t *testing.T, what string, cond func() bool) {
 // an IP literal's, a plain-HTTP response being streamed), by name rule and
 // by a deny CIDR on the dialed address, and leaves the ones still allowed.
 func TestPolicyChangeClosesOpenConnections(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
+	port := echoServer(t, "")
 	release := make(chan struct{})
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("first\n"))
@@ -1038,4 +1006,29 @@ func TestPolicyChangeDuringDial(t *testing.T) {
 	if err != nil || code != http.StatusForbidden {
 		t.Fatalf("plain request while the policy changed: %d %v", code, err)
 	}
+}
+
+// echoServer is a TCP server on loopback that sends banner first (if any)
+// and then echoes what it reads; it returns its port.
+func echoServer(t *testing.T, banner string) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.WriteString(c, banner)
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
 }

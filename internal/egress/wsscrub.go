@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"slices"
 )
 
 // A WebSocket to a host holding a secret carries messages the host may
@@ -29,6 +30,7 @@ type wsScrubReader struct {
 	sc    *scrubber
 	r     *bufio.Reader
 	out   []byte // scrubbed frames not yet read
+	obuf  []byte // out's buffer, reused
 	carry []byte // held-back data of the open message
 	op    byte   // opcode of the message's next frame out (its own, then continuation)
 	buf   []byte
@@ -52,7 +54,7 @@ func (w *wsScrubReader) Read(p []byte) (int, error) {
 		if w.err != nil {
 			return 0, w.err
 		}
-		w.out = w.out[:0]
+		w.out = w.obuf[:0] // its whole buffer again: the last was read
 		if w.inFrame {
 			w.err = w.piece()
 		} else {
@@ -67,7 +69,7 @@ func (w *wsScrubReader) Read(p []byte) (int, error) {
 // read appends k payload bytes of the current frame to w.buf, unmasked.
 func (w *wsScrubReader) read(k uint64) error {
 	start := len(w.buf)
-	w.buf = append(w.buf, make([]byte, k)...)
+	w.buf = slices.Grow(w.buf, int(k))[:start+int(k)] // reused across pieces
 	if _, err := io.ReadFull(w.r, w.buf[start:]); err != nil {
 		return err
 	}
@@ -130,6 +132,7 @@ func (w *wsScrubReader) frame() error {
 			b = b[:keep]
 		}
 		w.out = appendWSFrame(w.out, true, op, b)
+		w.obuf = w.out
 		return nil
 	}
 	if op != 0 { // a new message
@@ -157,6 +160,7 @@ func (w *wsScrubReader) piece() error {
 	data := w.sc.replace(b[:cut])
 	if len(data) > 0 || last {
 		w.out = appendWSFrame(w.out, last, w.op, data)
+		w.obuf = w.out
 		w.op = 0 // the rest of the message is continuation
 	}
 	w.carry = append(w.carry[:0], b[cut:]...)

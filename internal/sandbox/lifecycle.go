@@ -364,14 +364,7 @@ func (s *Service) attachRecovered(ctx context.Context, sb store.Sandbox, inst dr
 // answers: re-attached when the instance is found, marked stopped when it
 // is gone, left for the next start if the server stops first.
 func (s *Service) retryRecover(sb store.Sandbox, d driver.Driver, h driver.Handle) {
-	s.bgMu.Lock()
-	defer s.bgMu.Unlock()
-	if s.closing.Load() {
-		return
-	}
-	s.bgWG.Add(1)
-	go func() {
-		defer s.bgWG.Done()
+	s.background(func() {
 		log := s.log.With("sandbox", sb.ID)
 		giveUp := time.Now().Add(retryRecoverFor)
 		for wait := time.Second; ; wait = min(2*wait, time.Minute) {
@@ -444,6 +437,21 @@ func (s *Service) retryRecover(sb store.Sandbox, d driver.Driver, h driver.Handl
 			}
 			log.Warn("sandbox still not re-attached", "err", err, "retry_in", min(2*wait, time.Minute))
 		}
+	})
+}
+
+// background runs fn in a goroutine Shutdown waits for (s.bg ends it),
+// unless Shutdown has begun.
+func (s *Service) background(fn func()) {
+	s.bgMu.Lock()
+	defer s.bgMu.Unlock()
+	if s.closing.Load() {
+		return
+	}
+	s.bgWG.Add(1)
+	go func() {
+		defer s.bgWG.Done()
+		fn()
 	}()
 }
 

@@ -347,19 +347,12 @@ func (s *Service) prepareTemplateView(name, digest string) {
 	if _, started := s.tplIndexing.LoadOrStore(digest, true); started {
 		return
 	}
-	s.bgMu.Lock()
-	defer s.bgMu.Unlock()
-	if s.closing.Load() {
-		return
-	}
-	s.bgWG.Add(1)
-	go func() {
-		defer s.bgWG.Done()
+	s.background(func() {
 		if _, err := s.templateView(s.bg, name, digest); err != nil {
 			s.tplIndexing.Delete(digest) // the next snapshot tries again
 			s.log.Debug("template not indexed in the background", "template", name, "err", err)
 		}
-	}()
+	})
 }
 
 // view returns the full filesystem of a snapshot: its writable layer over
