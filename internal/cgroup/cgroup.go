@@ -92,32 +92,9 @@ func checkID(id string) error {
 	return nil
 }
 
-// Place makes the sandbox's cgroup(s) with lim and moves pid (its whole
-// thread group; children it starts later follow) into them. On an error
-// the cgroups made are removed. What pid allocated before the move stays
-// charged where it was: a process that is started here should be started
-// with Start instead.
-func Place(id string, pid int, lim Limits) (err error) {
-	ds, err := prepare(id, lim)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			_ = Remove(id)
-		}
-	}()
-	for _, d := range ds {
-		if err := write(d, "cgroup.procs", strconv.Itoa(pid)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // Start makes the sandbox's cgroup(s) with lim and starts cmd inside them,
 // so that the process is limited from its first instruction: moved in
-// after it started (Place), what it allocated or spawned until then stayed
+// after it started, what it allocated or spawned until then stayed
 // charged to the server's cgroup (a VM restoring a 16 GiB checkpoint, a
 // pooled VM booting at full CPU share). On cgroup v2 the child is cloned
 // into the cgroup (CLONE_INTO_CGROUP); v1 moves single threads, so the

@@ -31,11 +31,11 @@ func read(t *testing.T, path string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// A process placed in a sandbox cgroup is in it for every controller,
+// A process started in a sandbox cgroup is in it for every controller,
 // with the limits written, the share raised by Prioritize, its memory
 // limit enforced (an allocation past it is killed), and the cgroups gone
 // after Remove.
-func TestPlaceLimitsAndRemove(t *testing.T) {
+func TestStartLimitsAndRemove(t *testing.T) {
 	needRoot(t)
 	id := fmt.Sprintf("test-cgroup-%d", os.Getpid())
 	t.Cleanup(func() { _ = Remove(id) })
@@ -47,13 +47,10 @@ func TestPlaceLimitsAndRemove(t *testing.T) {
 	}
 	out := &strings.Builder{}
 	cmd.Stdout = out
-	if err := cmd.Start(); err != nil {
+	if err := Start(id, cmd, Limits{CPUs: 1, MemoryMB: 64, Pids: 16, Low: true}); err != nil {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()
-	if err := Place(id, cmd.Process.Pid, Limits{CPUs: 1, MemoryMB: 64, Pids: 16, Low: true}); err != nil {
-		t.Fatal(err)
-	}
 	want := "/" + Parent + "/" + id
 	if Unified() {
 		if got, err := Of(cmd.Process.Pid, ""); err != nil || got != want {
@@ -121,14 +118,14 @@ func TestPlaceLimitsAndRemove(t *testing.T) {
 
 func TestBadIDs(t *testing.T) {
 	for _, id := range []string{"", ".", "..", "a/b", "../x", "*", "sb-?", "sb-[a-z]*", `sb\*`} {
-		// checkID first: Place or Remove of an accepted glob would make a
+		// checkID first: Start or Remove of an accepted glob would make a
 		// cgroup named "*" or remove every sandbox's.
 		if err := checkID(id); err == nil {
 			t.Errorf("checkID(%q) accepted", id)
 			continue
 		}
-		if err := Place(id, os.Getpid(), Limits{}); err == nil {
-			t.Errorf("Place(%q) accepted", id)
+		if err := Start(id, exec.Command("true"), Limits{}); err == nil {
+			t.Errorf("Start(%q) accepted", id)
 		}
 		if err := Remove(id); err == nil {
 			t.Errorf("Remove(%q) accepted", id)
@@ -142,11 +139,7 @@ func TestRemoveBusy(t *testing.T) {
 	needRoot(t)
 	id := fmt.Sprintf("test-busy-%d", os.Getpid())
 	cmd := exec.Command("sleep", "60")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := Place(id, cmd.Process.Pid, Limits{}); err != nil {
-		cmd.Process.Kill()
+	if err := Start(id, cmd, Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -199,13 +192,10 @@ func TestRemoveOrphans(t *testing.T) {
 		os.Chtimes(d, old, old)
 	}
 	cmd := exec.Command("sleep", "60")
-	if err := cmd.Start(); err != nil {
+	if err := Start(prefix+"busy", cmd, Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	if err := Place(prefix+"busy", cmd.Process.Pid, Limits{}); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); Remove(prefix + "busy") })
 	for _, d := range dirs(prefix + "busy") {
 		os.Chtimes(d, old, old)

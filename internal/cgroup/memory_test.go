@@ -204,13 +204,10 @@ func startHog(t *testing.T, id string, lim Limits) *hog {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err := Start(id, cmd, lim); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	if err := Place(id, cmd.Process.Pid, lim); err != nil {
-		t.Fatal(err)
-	}
 	return &hog{cmd: cmd, in: in, out: bufio.NewReader(out)}
 }
 
@@ -448,15 +445,12 @@ func TestWatchMemoryEnds(t *testing.T) {
 	}
 	for _, end := range []string{"context", "cgroup removed"} {
 		cmd := exec.Command("sleep", "60")
-		if err := cmd.Start(); err != nil {
+		if err := Start(id, cmd, Limits{MemoryMB: 64}); err != nil {
 			t.Fatal(err)
 		}
 		// Before the cgroup's removal (cleanups run last first), so a
 		// failed run does not leave the cgroup behind.
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		if err := Place(id, cmd.Process.Pid, Limits{MemoryMB: 64}); err != nil {
-			t.Fatal(err)
-		}
 		goroutines, open := runtime.NumGoroutine(), fds()
 		ctx, cancel := context.WithCancel(t.Context())
 		if err := WatchMemory(ctx, id, 32<<20, func(int64) int64 { return 0 }); err != nil {
