@@ -277,8 +277,8 @@ func (s *Service) Recover(ctx context.Context) error {
 		}
 		inst, err := d.Recover(ctx, h)
 		if err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable) {
-			// Not an answer about the instance (a bad handle, a socket
-			// that cannot be made): what the handle names is destroyed.
+			// Not an answer about the instance (a bad handle): what the
+			// handle names is destroyed.
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
