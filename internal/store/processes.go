@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 	"unicode/utf8"
@@ -142,7 +143,7 @@ func (s *Store) ListProcesses(ctx context.Context, sandboxID string) ([]Process,
 // the order they were recorded, and the sequence number to continue after
 // when more may follow (0 when these are the last).
 func (s *Store) ProcessPage(ctx context.Context, sandboxID string, after int64, limit int) ([]Process, int64, error) {
-	q := limit
+	q := math.MaxInt64 // all (Postgres refuses SQLite's LIMIT -1)
 	if limit >= 0 {
 		q = limit + 1 // one more tells whether a next page exists
 	}

@@ -136,6 +136,17 @@ func (s *Store) CreateSandboxWithin(ctx context.Context, sb Sandbox, q Quota) er
 		_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES (`+values+`)`, args...)
 		return classify(err, "sandbox "+sb.ID)
 	}
+	if s.pg {
+		// Under the team's quota lock: the count and the insert cannot
+		// interleave with another replica's admission.
+		return s.inTx(ctx, func(t tx) error {
+			if err := s.admit(ctx, t, sb.Team, SizeOf(sb), q); err != nil {
+				return err
+			}
+			_, err := t.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES (`+values+`)`, args...)
+			return classify(err, "sandbox "+sb.ID)
+		})
+	}
 	// One transaction: a refusal is explained by what the insert saw.
 	return s.inTx(ctx, func(t tx) error {
 		res, err := t.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) SELECT `+values+` WHERE `+withinSQL,
@@ -193,8 +204,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, 
 		}
 	}
 	for k, v := range f.Metadata {
-		// json_each matches any key text exactly, with no JSON-path quoting.
-		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ? AND json_each.value = ?)")
+		where = append(where, s.dia.metadataMatch())
 		args = append(args, k, v)
 	}
 	if f.After != "" {
@@ -213,7 +223,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, 
 	args = append(args, limit+1) // one more tells whether there is a next page
 
 	// Built from the filter: unprepared, never cached.
-	rows, err := s.r.DB.QueryContext(ctx, q, args...)
+	rows, err := s.r.queryBuilt(ctx, q, args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list sandboxes: %w", err)
 	}
@@ -250,7 +260,7 @@ func (s *Store) UpdateSandboxState(ctx context.Context, id string, fromStates []
 	}
 	return s.inTx(ctx, func(tx tx) error {
 		var cur string
-		err := tx.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE id = ?`, id).Scan(&cur)
+		err := tx.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE id = ?`+s.dia.forUpdate(), id).Scan(&cur)
 		if errors.Is(err, sql.ErrNoRows) {
 			return errdefs.NotFound("sandbox %s not found", id)
 		}

@@ -136,6 +136,11 @@ func (s *Store) listSnapshots(ctx context.Context, col, value, status string) ([
 // Errors: errdefs.ErrNotFound.
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	return s.inTx(ctx, func(tx tx) error {
+		// Two replicas deleting neighbours of one timeline at once would
+		// each re-parent by what the other has not committed yet.
+		if err := s.dia.lock(ctx, tx, lockSnapshots, ""); err != nil {
+			return fmt.Errorf("store: delete snapshot: %w", err)
+		}
 		if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET parent = (SELECT parent FROM snapshots WHERE id = ?)
 			WHERE parent = ? AND EXISTS (SELECT 1 FROM snapshots WHERE id = ?)`, id, id, id); err != nil {
 			return fmt.Errorf("store: delete snapshot: %w", err)
