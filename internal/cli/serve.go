@@ -23,6 +23,7 @@ type serveFlag struct {
 func (a *app) serveCommand() *cobra.Command {
 	var cfg server.Config
 	flags := []serveFlag{
+		{name: "database", env: "SPACE_DATABASE", usage: "Postgres database of the records, postgres://USER:PASSWORD@HOST/DB (default: the SQLite file space.db under --data)", str: &cfg.Database},
 		{name: "cache", env: "SPACE_CACHE", usage: "cache directory: gVisor build, template builds (default /var/cache/space)", str: &cfg.CacheDir},
 		{name: "listen", env: "SPACE_LISTEN", usage: "address to listen on (default 127.0.0.1:7070)", str: &cfg.Listen},
 		{name: "driver", env: "SPACE_DRIVER", usage: "sandbox driver (default gvisor)", str: &cfg.Driver},

@@ -71,11 +71,22 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("data dir %s is in use by another space server: %w", cfg.DataDir, err)
 	}
 	defer unlock()
-	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "space.db"))
+	database := cfg.Database
+	if database == "" {
+		database = filepath.Join(cfg.DataDir, "space.db")
+	}
+	st, err := store.OpenDatabase(ctx, database)
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
 	defer st.Close()
+	// Sandboxes run in this process, and recovery below takes every live
+	// record as this server's: one such server per database.
+	releaseHost, err := st.HoldSandboxHost(ctx)
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer releaseHost()
 	keyPath, err := bootstrapKey(ctx, st, cfg.DataDir, log)
 	if err != nil {
 		return fmt.Errorf("admin key: %w", err)

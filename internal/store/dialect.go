@@ -171,3 +171,8 @@ func retryable(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
 }
+
+// lockSandboxHost (class, second key 0) is held, for its whole life, by
+// the one server that runs sandboxes on a Postgres database (see
+// HoldSandboxHost).
+const lockSandboxHost = 5
