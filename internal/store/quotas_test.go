@@ -311,3 +311,36 @@ func benchClaimWithin(b *testing.B, open opener) {
 		}
 	}
 }
+
+// BenchmarkClaimsConcurrent is warm claims under a quota from 16
+// goroutines over two Stores on one database (two replicas; on SQLite two
+// processes' worth of writers on one file), each claim its own team's
+// (teams spread the quota locks): claims/s is the throughput the store
+// alone gives a burst of warm creates.
+func BenchmarkClaimsConcurrent(b *testing.B) { benchBackends(b, benchClaimsConcurrent) }
+
+func benchClaimsConcurrent(b *testing.B, open opener) {
+	ctx := b.Context()
+	replicas := []*Store{open(), open()}
+	for i := range b.N {
+		if err := replicas[0].CreateSandbox(ctx, newSandbox(fmt.Sprint("pool", i), "-pool", "pooled")); err != nil {
+			b.Fatal(err)
+		}
+	}
+	q := Quota{MaxSandboxes: 1 << 30}
+	var next atomic.Int64
+	b.SetParallelism(8) // 16 goroutines on 2 cores
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := next.Add(1) - 1
+			sb := newSandbox(fmt.Sprint("pool", i), fmt.Sprint("t", i%8), "running")
+			if err := replicas[i%2].ClaimSandboxWithin(ctx, sb, q); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "claims/s")
+}
