@@ -24,6 +24,9 @@ import (
 func TestServeOnPostgres(t *testing.T) {
 	url := pgtest.URL(t)
 	s := startServer(t, "", "--database", url, "--pool-size", "1", "--snapshot-interval", "-1")
+	if !strings.Contains(s.logText(), "store=postgres") {
+		t.Errorf("the server does not say it serves from Postgres")
+	}
 	if _, err := os.Stat(filepath.Join(s.data, "space.db")); !os.IsNotExist(err) {
 		t.Errorf("space.db under --data with --database postgres: %v", err)
 	}

@@ -241,7 +241,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer os.Remove(filepath.Join(cfg.DataDir, ServeFile))
-	log.Info("serving", "url", url, "driver", cfg.Driver, "data", cfg.DataDir)
+	log.Info("serving", "url", url, "driver", cfg.Driver, "data", cfg.DataDir, "store", st.Backend())
 
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)

@@ -103,6 +103,14 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	return st, nil
 }
 
+// Backend names the database the store runs on: "sqlite" or "postgres".
+func (s *Store) Backend() string {
+	if s.pg {
+		return "postgres"
+	}
+	return "sqlite"
+}
+
 // IsPostgres reports whether database (a --database value) names a
 // Postgres database (a postgres:// or postgresql:// URL) rather than a
 // SQLite file.
