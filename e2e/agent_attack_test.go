@@ -54,8 +54,10 @@ func rssOf(pid int) int64 {
 // answers the host's calls with an endless JSON value (600 MiB). The host
 // must refuse the impostor (it cannot answer the challenge), its memory
 // must stay bounded, the sandbox's calls must fail cleanly (or wait for
-// the real agent), and other sandboxes must keep working. Unbounded and
-// unauthenticated, the server's RSS went from 25 to 843 MiB.
+// the real agent), and other sandboxes must keep working. Before (no
+// handshake, unbounded reads) the host served the impostor's session and
+// the server's RSS went 25 -> 121 MiB in this test's 30 s (issue 34: 32 ->
+// 1,416 MiB when left to run); now 25 -> 26 MiB.
 func TestAgentImpostor(t *testing.T) {
 	s := startServer(t, "", "--pool-size", "-1")
 	bin := buildImpostor(t)
@@ -88,14 +90,14 @@ func TestAgentImpostor(t *testing.T) {
 	})
 
 	var bg execResult
-	script := "/tmp/impostor -for 15s > /tmp/impostor.log 2>&1"
+	script := "/tmp/impostor -for 40s > /tmp/impostor.log 2>&1"
 	if code := s.do("POST", "/v1/sandboxes/"+victim+"/exec", s.key, map[string]any{"cmd": script, "user": "root", "background": true}, &bg); code/100 != 2 {
 		t.Fatalf("start impostor: %d %+v", code, bg)
 	}
 	time.Sleep(3 * time.Second) // the impostor waits 1 s, then stops the agent and connects
 
 	// The victim's calls the impostor would answer, concurrently.
-	hc := &http.Client{Timeout: 10 * time.Second}
+	hc := &http.Client{Timeout: 30 * time.Second}
 	var calls sync.WaitGroup
 	results := make([]string, 4)
 	for i, path := range []string{"processes", "processes", "metrics", "processes"} {
@@ -147,7 +149,7 @@ func TestAgentImpostor(t *testing.T) {
 	if !strings.Contains(back.Stdout, "challenged") {
 		t.Error("the impostor was never challenged")
 	}
-	if grow := peak.Load() - before; grow > 100<<20 {
+	if grow := peak.Load() - before; grow > 64<<20 {
 		t.Errorf("server RSS grew by %d MiB during the attack", grow>>20)
 	}
 	if r := s.sh(other, "echo still"); r.Stdout != "still\n" {
