@@ -11,6 +11,7 @@ package agentclient
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -172,7 +173,7 @@ func readLine(br *bufio.Reader, limit int, what string) ([]byte, error) {
 		if n := len(line); n > 0 && line[n-1] == '\n' {
 			line = line[:n-1]
 		}
-		if len(trimSpace(line)) == 0 {
+		if len(bytes.TrimSpace(line)) == 0 {
 			if err != nil {
 				return nil, io.EOF
 			}
@@ -181,16 +182,6 @@ func readLine(br *bufio.Reader, limit int, what string) ([]byte, error) {
 		}
 		return line, nil
 	}
-}
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\r' || b[0] == '\n') {
-		b = b[1:]
-	}
-	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
-	}
-	return b
 }
 
 // decodeLine reads one NDJSON line of at most limit bytes into out.
