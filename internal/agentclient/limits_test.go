@@ -9,13 +9,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/spacesandbox/space/internal/agent"
 	"github.com/spacesandbox/space/internal/agentclient"
 	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/errdefs"
@@ -293,5 +296,68 @@ func TestHostileHeadersAndErrors(t *testing.T) {
 	t.Logf("Stats (endless error body): %v; %.1f MiB", err, float64(alloc)/(1<<20))
 	if alloc > 32<<20 {
 		t.Errorf("Stats (endless error body): %.1f MiB allocated", float64(alloc)/(1<<20))
+	}
+}
+
+// TestAuthenticatedAgent: a real agent given a secret answers the host's
+// challenge before its session, and removes its secret file after the
+// first handshake; one given another secret is refused.
+func TestAuthenticatedAgent(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		same bool
+	}{{"same secret", true}, {"another secret", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			sock := filepath.Join(dir, "agent.sock")
+			ln, err := net.Listen("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			host := agentproto.NewSecret()
+			secret := host
+			if !tc.same {
+				secret = agentproto.NewSecret()
+			}
+			authFile := filepath.Join(dir, "agent.secret")
+			if err := os.WriteFile(authFile, secret, 0o400); err != nil {
+				t.Fatal(err)
+			}
+			read, err := agentproto.ReadSecret(authFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := agent.New(agent.Options{Home: dir, AuthSecret: read, AuthFile: authFile})
+			defer a.Close()
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			go a.Serve(ctx, agent.Dial("unix", sock))
+			conn, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn.SetDeadline(time.Now().Add(30 * time.Second))
+			err = agentproto.Authenticate(conn, host)
+			conn.SetDeadline(time.Time{})
+			if !tc.same {
+				if !errors.Is(err, agentproto.ErrAuth) {
+					t.Errorf("an agent with another secret: %v, want ErrAuth", err)
+				}
+				conn.Close()
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := agentclient.New(func(context.Context) (net.Conn, error) { return conn, nil }, nil)
+			defer c.Close()
+			if info, err := c.Info(ctx); err != nil || info.Version != agentproto.Version {
+				t.Fatalf("Info after the handshake: %+v %v", info, err)
+			}
+			if _, err := os.Stat(authFile); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the secret file after the first handshake: %v, want removed", err)
+			}
+		})
 	}
 }
