@@ -340,7 +340,7 @@ echo "placeholder: $(env | grep -c space_ph_) variables hold placeholders"`,
 attempt("agent.sock as user", f)
 say("BLOCKED", "run dir: " + oct(os.stat("/.space/run").st_mode) if os.path.exists("/.space/run") else "no /.space/run")`},
 		{ID: "agent-impostor", Name: "Impersonating the agent to the host", Root: true,
-			Technique: "as root, freeze the agent (SIGSTOP to PID 1, for a few seconds), connect to /.space/run/agent.sock in its place, answer the host's challenge with a made-up MAC, or, unchallenged, open a yamux stream as an agent would; also read the agent's secret file",
+			Technique: "as root, freeze the agent (SIGSTOP to PID 1, for at most 3 s: other probes' traffic through the agent waits meanwhile), connect to /.space/run/agent.sock in its place, answer the host's challenge with a made-up MAC, or, unchallenged, open a yamux stream as an agent would; also read the agent's secret file",
 			Python:    agentImpostorScript},
 		{ID: "agent-secret", Name: "Reading the agent's secret as the user",
 			Technique: "as the user, read /.space/run/agent.secret (the agent's per-boot secret), list /.space/run, open the agent's /proc/1/mem and /proc/1/environ",
@@ -563,7 +563,7 @@ def imp():
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(3)
         s.connect("/.space/run/agent.sock")
-        s.settimeout(1)
+        s.settimeout(0.5)
         line = b""
         try:
             while len(line) < 84 and not line.endswith(b"\n"):
@@ -573,7 +573,7 @@ def imp():
                 line += c
         except socket.timeout:
             pass
-        s.settimeout(3)
+        s.settimeout(2)
         if line.startswith(b"SPACE-AGENT-AUTH/"):
             s.sendall(b"SPACE-AGENT-AUTH/1 " + b"0" * 64 + b"\n")
             try:
@@ -586,7 +586,7 @@ def imp():
         if line:
             return "ERROR", "the host spoke first, not a challenge: %r" % line[:40]
         s.sendall(struct.pack(">BBHII", 0, 1, 1, 2, 0))
-        r = readall(s, 3)
+        r = readall(s, 2)
         if r:
             return "BYPASS", "no challenge: the host answered an impostor's session: %r" % r[:24]
         return "ERROR", "no challenge, and no answer to a session either: cannot tell"
