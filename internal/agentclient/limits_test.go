@@ -361,3 +361,66 @@ func TestAuthenticatedAgent(t *testing.T) {
 		})
 	}
 }
+
+// TestHostileStreamFlood: an agent opening streams to the host and
+// sending nothing on them gets at most MaxAgentStreams held at once; the
+// host closes the others at once.
+func TestHostileStreamFlood(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	sessions := make(chan *yamux.Session, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		cfg := yamux.DefaultConfig()
+		cfg.LogOutput = io.Discard
+		sess, err := yamux.Server(conn, cfg)
+		if err != nil {
+			return
+		}
+		sessions <- sess
+	}()
+	c := agentclient.New(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}, nil)
+	defer c.Close()
+	c.HandleStreams(func(kind string, conn net.Conn) { conn.Close() })
+	sess := <-sessions
+	defer sess.Close()
+	const extra = 16
+	var streams []*yamux.Stream
+	for range agentclient.MaxAgentStreams + extra {
+		st, err := sess.OpenStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	// The host takes streams in the order they were opened: the last
+	// ones are over the limit and closed at once (a read sees EOF).
+	var b [1]byte
+	for _, st := range streams[agentclient.MaxAgentStreams:] {
+		if _, err := st.Read(b[:]); !errors.Is(err, io.EOF) {
+			t.Fatalf("a stream over the limit: read %v, want EOF", err)
+		}
+	}
+	// The others are held, waiting for their first line (until the
+	// host's 10 s deadline for it): a read finds nothing yet.
+	held := 0
+	for _, st := range streams[:agentclient.MaxAgentStreams] {
+		st.SetReadDeadline(time.Now())
+		if _, err := st.Read(b[:]); errors.Is(err, yamux.ErrTimeout) {
+			held++
+		}
+	}
+	if held != agentclient.MaxAgentStreams {
+		t.Errorf("%d of the first %d streams held, want all", held, agentclient.MaxAgentStreams)
+	}
+}
