@@ -83,6 +83,9 @@ func (i *Instance) stampImage(dir string) error {
 			return fmt.Errorf("gvisor: agent into the checkpoint image: %w", err)
 		}
 	}
+	if err := i.imageSecret(dir); err != nil {
+		return err
+	}
 	b, _ := json.Marshal(st)
 	return os.WriteFile(filepath.Join(dir, imageStampFile), b, 0o600)
 }

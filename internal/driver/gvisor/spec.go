@@ -3,6 +3,7 @@ package gvisor
 import (
 	"fmt"
 
+	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
 )
@@ -121,8 +122,9 @@ func nprocLimit(s driver.Spec) uint64 {
 	return uint64(min(max(s.MemoryMB*3/4, 64), max(s.PidsMax/2, 64)))
 }
 
-// buildSpec turns a driver.Spec into the OCI config runsc reads.
-func buildSpec(s driver.Spec, hostRunDir string) ociSpec {
+// buildSpec turns a driver.Spec into the OCI config runsc reads; with auth
+// the agent reads its secret from agentproto.AuthFile (auth.go).
+func buildSpec(s driver.Spec, hostRunDir string, auth bool) ociSpec {
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, s.Env...)
 	caps := ociCapabilities{Bounding: agentCaps, Effective: agentCaps, Permitted: agentCaps}
 	res := ociResources{
@@ -136,11 +138,15 @@ func buildSpec(s driver.Spec, hostRunDir string) ociSpec {
 		shares := uint64(cgroup.LowShares)
 		res.CPU.Shares = &shares
 	}
+	args := []string{guestAgentPath, "--connect", "unix:" + guestSocket}
+	if auth {
+		args = append(args, "--auth-file", agentproto.AuthFile)
+	}
 	return ociSpec{
 		OCIVersion: "1.0.2",
 		Process: ociProcess{
 			User:         ociUser{UID: 0, GID: 0},
-			Args:         []string{guestAgentPath, "--connect", "unix:" + guestSocket},
+			Args:         args,
 			Env:          env,
 			Cwd:          "/",
 			Capabilities: caps,
