@@ -20,7 +20,7 @@ func BenchmarkProxyConnect(b *testing.B) {
 	e := newEnv(b)
 	e.allow(b, fmt.Sprintf("allowed.test:%d,allowed.test:%d,secret.test:%d", e.httpPort, e.tlsPort, e.tlsPort), "")
 	ph := NewPlaceholder()
-	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("bench-value"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}}); err != nil {
+	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("bench-value"), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}}); err != nil {
 		b.Fatal(err)
 	}
 	direct := func(keep bool) *http.Client {
@@ -79,7 +79,7 @@ func BenchmarkProxyThroughput(b *testing.B) {
 	e.allow(b, fmt.Sprintf("allowed.test:%d,secret.test:%d", e.tlsPort, e.tlsPort), "")
 	ph := NewPlaceholder()
 	// A token-sized value: responses from its host are scrubbed of it.
-	e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "X-T"}}})
+	e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "X-T"}}})
 	const size = 100 << 20
 	for _, c := range []struct{ name, url string }{
 		{"direct", fmt.Sprintf("https://127.0.0.1:%d/?size=%d", e.tlsPort, size)},

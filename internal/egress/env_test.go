@@ -273,6 +273,9 @@ func serveProxy(t testing.TB, p *Proxy, sandboxID string) string {
 	return ln.Addr().String()
 }
 
+// secretHost is the binding of secret.test on the TLS upstream's port.
+func (e *env) secretHost() string { return fmt.Sprintf("secret.test:%d", e.tlsPort) }
+
 func (e *env) allow(t testing.TB, allow, deny string) {
 	t.Helper()
 	pol, err := ParsePolicy(allow, deny)

@@ -131,7 +131,14 @@ type boundSecret struct {
 	hosts       []*rule
 }
 
-func (b *boundSecret) matchHost(h string) bool {
+// matchHost reports whether the secret is injected on requests to h:port.
+func (b *boundSecret) matchHost(h string, port int) bool {
+	return slices.ContainsFunc(b.hosts, func(r *rule) bool { return r.matchName(h) && r.matchPort(port) })
+}
+
+// matchName reports whether h is one of the secret's hosts, on any port
+// (responses from it are scrubbed).
+func (b *boundSecret) matchName(h string) bool {
 	return slices.ContainsFunc(b.hosts, func(r *rule) bool { return r.matchName(h) })
 }
 
@@ -237,7 +244,7 @@ func (p *Proxy) BindSecrets(sandboxID string, secrets map[string]Secret) error {
 		if !placeholderRE.MatchString(ph) {
 			return errdefs.InvalidArgument("secret %s: placeholder is not one minted by NewPlaceholder", s.Name)
 		}
-		if err := s.Validate(); err != nil {
+		if err := s.validate(); err != nil {
 			return err
 		}
 		hs, err := hostPatterns(s.Hosts)

@@ -369,7 +369,7 @@ func (s *session) relay(tun *Record, cw net.Conn, br *bufio.Reader, up net.Conn,
 		var names []string
 		if intercepted {
 			for _, b := range state.secrets {
-				if b.matchHost(rec.Host) && b.inject(req) {
+				if b.matchHost(rec.Host, rec.Port) && b.inject(req) {
 					names = append(names, b.secret.Name)
 				}
 			}

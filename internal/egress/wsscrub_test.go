@@ -149,7 +149,7 @@ func TestWebSocketToSecretHostScrubbed(t *testing.T) {
 	e.allow(t, target, "")
 	const value = "QSECRET_WS_789"
 	ph := NewPlaceholder()
-	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "TOK", Value: []byte(value), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}}); err != nil {
+	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "TOK", Value: []byte(value), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}}); err != nil {
 		t.Fatal(err)
 	}
 	upgrade := func(proto string) (string, []wsFrame) {
