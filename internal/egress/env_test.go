@@ -89,7 +89,11 @@ func (u *upstream) handler() http.Handler {
 		u.seen = append(u.seen, line+" headers="+fmt.Sprint(r.Header))
 		u.mu.Unlock()
 		q := r.URL.Query()
-		if up := r.Header.Get("Upgrade"); up != "" {
+		up := r.Header.Get("Upgrade")
+		if f := q.Get("force101"); f != "" {
+			up = f // a 101 to a protocol the client may not have asked for
+		}
+		if up != "" {
 			// A WebSocket (or another protocol) that sends back what it
 			// was given: the credential, and the extensions it was offered.
 			c, brw, err := http.NewResponseController(w).Hijack()
@@ -103,6 +107,36 @@ func (u *upstream) handler() http.Handler {
 			brw.Write(appendWSFrame(nil, true, 8, append([]byte{3, 232}, msg[:min(len(msg), 100)]...)))
 			brw.Flush()
 			io.Copy(io.Discard, brw) // until the client goes
+			return
+		}
+		auth := r.Header.Get("Authorization")
+		switch {
+		case q.Get("status") != "": // the credential in reason phrases (103, then 200; HEAD too)
+			c, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			fmt.Fprintf(brw, "HTTP/1.1 103 Hints %s\r\nLink: <%s>\r\n\r\n", auth, auth)
+			fmt.Fprintf(brw, "HTTP/1.1 200 Fine %s\r\nContent-Length: 2\r\nConnection: close\r\n\r\n", auth)
+			if r.Method != http.MethodHead {
+				brw.WriteString("ok")
+			}
+			brw.Flush()
+			return
+		case q.Get("ce2") != "": // Content-Encoding lines as given ("identity|gzip": two lines)
+			w.Header()["Content-Encoding"] = strings.Split(q.Get("ce2"), "|")
+			zw := gzip.NewWriter(w)
+			fmt.Fprint(zw, "auth="+auth)
+			zw.Close()
+			return
+		case q.Get("ranged") != "": // honours Range over a body that reflects the credential
+			http.ServeContent(w, r, "echo.txt", time.Time{}, strings.NewReader("auth="+auth+" end"))
+			return
+		case q.Get("partial") != "": // a 206 nobody asked for
+			w.Header().Set("Content-Range", "bytes 0-5/100")
+			w.WriteHeader(http.StatusPartialContent)
+			fmt.Fprint(w, auth[:min(len(auth), 6)])
 			return
 		}
 		if n, err := strconv.Atoi(q.Get("size")); err == nil {

@@ -112,8 +112,8 @@ var (
 
 // response scrubs resp's status line and header names and values, and
 // wraps its body. A body in an encoding other than gzip (or named by more
-// than one Content-Encoding, or in more than one layer) is errEncoded; a
-// 206 is errPartial.
+// than one Content-Encoding line, or in more than one layer) is
+// errEncoded; a 206 is errPartial.
 func (sc *scrubber) response(req *http.Request, resp *http.Response) error {
 	// The reason phrase is the upstream's free text: the standard one
 	// replaces it (clients ignore it), so nothing the host wrote there
@@ -128,26 +128,25 @@ func (sc *scrubber) response(req *http.Request, resp *http.Response) error {
 		return nil
 	}
 	body := io.Reader(resp.Body)
-	// Every Content-Encoding line, every comma-separated coding in it:
-	// reading only the first line passed "identity" then "gzip" unread.
-	var codings []string
-	for _, line := range resp.Header.Values("Content-Encoding") {
-		for _, c := range strings.Split(line, ",") {
-			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
-				codings = append(codings, c)
-			}
-		}
+	// One Content-Encoding line with one coding, or none: reading only
+	// the first of several lines passed "identity" then "gzip" unread, so
+	// anything else (more lines, layers, codings not read here) is refused.
+	ce := resp.Header.Values("Content-Encoding")
+	if len(ce) > 1 || len(ce) == 1 && strings.Contains(ce[0], ",") {
+		return errEncoded
 	}
-	switch {
-	case len(codings) == 0:
-	case len(codings) == 1 && (codings[0] == "gzip" || codings[0] == "x-gzip"):
-		zr, err := gzip.NewReader(resp.Body)
-		if err != nil {
+	if len(ce) == 1 {
+		switch strings.ToLower(strings.TrimSpace(ce[0])) {
+		case "", "identity":
+		case "gzip", "x-gzip":
+			zr, err := gzip.NewReader(resp.Body)
+			if err != nil {
+				return errEncoded
+			}
+			body = zr
+		default:
 			return errEncoded
 		}
-		body = zr
-	default:
-		return errEncoded
 	}
 	resp.Header.Del("Content-Encoding")
 	// The length can change: the body goes chunked (or until close).
