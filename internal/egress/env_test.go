@@ -102,6 +102,27 @@ func (u *upstream) handler() http.Handler {
 			}
 			defer c.Close()
 			fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: %s\r\nConnection: Upgrade\r\n\r\n", up)
+			if q.Get("reparse") != "" {
+				// An upstream that goes on reading HTTP after its 101:
+				// what reaches it is recorded as a request.
+				brw.Flush()
+				for {
+					req, err := http.ReadRequest(brw.Reader)
+					if err != nil {
+						return
+					}
+					u.mu.Lock()
+					u.seen = append(u.seen, "after-101 host="+req.Host+" path="+req.URL.Path)
+					u.mu.Unlock()
+					fmt.Fprintf(brw, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+					brw.Flush()
+				}
+			}
+			if q.Get("wsecho") != "" { // sends the client's frames back as they are (masked)
+				brw.Flush()
+				io.Copy(c, brw)
+				return
+			}
 			msg := []byte("auth=" + r.Header.Get("Authorization") + " ext=" + r.Header.Get("Sec-WebSocket-Extensions"))
 			brw.Write(appendWSFrame(nil, true, 1, msg))
 			brw.Write(appendWSFrame(nil, true, 8, append([]byte{3, 232}, msg[:min(len(msg), 100)]...)))
@@ -111,6 +132,9 @@ func (u *upstream) handler() http.Handler {
 		}
 		auth := r.Header.Get("Authorization")
 		switch {
+		case q.Get("echo") != "": // the request body, sent back
+			w.Write(body)
+			return
 		case q.Get("status") != "": // the credential in reason phrases (103, then 200; HEAD too)
 			c, brw, err := http.NewResponseController(w).Hijack()
 			if err != nil {

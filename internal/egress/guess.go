@@ -1,10 +1,14 @@
 package egress
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
+	"unicode/utf8"
 )
 
 // Guessing. A host that reflects what it is sent (an echo, an error that
@@ -21,13 +25,14 @@ import (
 // the value leaked some other way: either way the secret is compromised
 // for that sandbox). Before injection, the target, every header name and
 // value, the request body and the client's WebSocket messages to a host
-// the scrubber covers are searched; a match refuses the request (403
+// the scrubber covers are searched, as sent and with the escapes hosts
+// commonly decode undone (%XX, \uXXXX, \xXX, &#NN;); a match refuses the request (403
 // secret_value, audited) and revokes the secret for the sandbox: from then
 // on every request to that secret's hosts is refused (secret_revoked),
 // so no response the scrubber rewrote, or any other, can answer a further
 // guess. The sandbox learns one bit once ("some request held the value")
-// and nothing more. A guess the host must first transform (JSON \u
-// escapes it decodes) is outside what the proxy can see; the host's own
+// and nothing more. A guess the host must first transform in another way
+// (reverse, decompress, decrypt) is outside what the proxy can see; the host's own
 // check (a guessed value sent as the credential, one per request, seen by
 // the host) remains, as it would without the proxy.
 
@@ -45,15 +50,115 @@ func (sc *scrubber) guessIn(req *http.Request) string {
 		texts = append(texts, u)
 	}
 	for k, vs := range req.Header {
-		texts = append(texts, k)
+		// Names arrive canonicalized (their case changed), and the
+		// scrubber rewrites them ignoring case: searched the same way.
+		if i := sc.foldIndex(k); i >= 0 {
+			return sc.needles[i].name
+		}
 		texts = append(texts, vs...)
 	}
 	for _, t := range texts {
-		if n := sc.find([]byte(t)); n != nil {
+		if n := sc.findAny([]byte(t)); n != nil {
 			return n.name
 		}
 	}
 	return ""
+}
+
+// findAny is find in b and in b with its escapes decoded (unescapeView):
+// a host that decodes what it is sent (a form, JSON) and reflects the
+// result would hand the scrubber a guess sent escaped.
+func (sc *scrubber) findAny(b []byte) *needle {
+	if n := sc.find(b); n != nil {
+		return n
+	}
+	if u, ok := unescapeView(b); ok {
+		return sc.find(u)
+	}
+	return nil
+}
+
+// foldIndex returns the index of a needle k holds ignoring ASCII case (the
+// forms replaceFold rewrites), or -1.
+func (sc *scrubber) foldIndex(k string) int {
+	lk := strings.ToLower(k)
+	for i := range sc.needles {
+		n := &sc.needles[i]
+		if n.b64 != nil && len(n.core) < 8 {
+			continue
+		}
+		if strings.Contains(lk, strings.ToLower(string(n.core))) {
+			return i
+		}
+	}
+	return -1
+}
+
+// unescapeView decodes, leniently, the escapes a host commonly decodes
+// before it reflects text: %XX (forms, URLs), \uXXXX and \xXX (JSON,
+// JavaScript), &#NN; and &#xHH; (HTML). ok is false when b holds none.
+func unescapeView(b []byte) ([]byte, bool) {
+	if bytes.IndexByte(b, '%') < 0 && bytes.IndexByte(b, '\\') < 0 && bytes.IndexByte(b, '&') < 0 {
+		return nil, false
+	}
+	out := make([]byte, 0, len(b))
+	hexv := func(s []byte) (rune, bool) {
+		var r rune
+		for _, c := range s {
+			switch {
+			case c >= '0' && c <= '9':
+				r = r<<4 | rune(c-'0')
+			case c >= 'a' && c <= 'f':
+				r = r<<4 | rune(c-'a'+10)
+			case c >= 'A' && c <= 'F':
+				r = r<<4 | rune(c-'A'+10)
+			default:
+				return 0, false
+			}
+		}
+		return r, len(s) > 0
+	}
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case c == '%' && i+2 < len(b):
+			if r, ok := hexv(b[i+1 : i+3]); ok {
+				out = append(out, byte(r))
+				i += 2
+				continue
+			}
+		case c == '\\' && i+5 < len(b) && b[i+1] == 'u':
+			if r, ok := hexv(b[i+2 : i+6]); ok {
+				out = utf8.AppendRune(out, r)
+				i += 5
+				continue
+			}
+		case c == '\\' && i+3 < len(b) && b[i+1] == 'x':
+			if r, ok := hexv(b[i+2 : i+4]); ok {
+				out = append(out, byte(r))
+				i += 3
+				continue
+			}
+		case c == '&' && i+3 < len(b) && b[i+1] == '#':
+			if j := bytes.IndexByte(b[i+2:min(len(b), i+12)], ';'); j > 0 {
+				num := b[i+2 : i+2+j]
+				var r rune
+				ok := false
+				if num[0] == 'x' || num[0] == 'X' {
+					r, ok = hexv(num[1:])
+				} else if n, err := strconv.Atoi(string(num)); err == nil && n >= 0 && n <= 0x10ffff {
+					r, ok = rune(n), true
+				}
+				if ok {
+					out = utf8.AppendRune(out, r)
+					i += 2 + j
+					continue
+				}
+			}
+		}
+		out = append(out, c)
+	}
+	return out, true
 }
 
 // guardReader passes a request body (or a client's WebSocket payloads)
@@ -84,11 +189,11 @@ func (g *guardReader) check(b []byte) (int, error) {
 		return 0, errGuess
 	}
 	g.win = append(g.win, b...)
-	if nd := g.sc.find(g.win); nd != nil {
+	if nd := g.sc.findAny(g.win); nd != nil {
 		g.found = nd.name
 		return 0, errGuess
 	}
-	if keep := g.sc.max - 1; len(g.win) > keep {
+	if keep := max(g.sc.max, g.sc.escaped) - 1; len(g.win) > keep {
 		g.win = append(g.win[:0], g.win[len(g.win)-keep:]...)
 	}
 	return len(b), nil

@@ -39,6 +39,7 @@ func (n *needle) extent() int { return n.before + len(n.core) + n.after }
 type scrubber struct {
 	needles []needle // longest first
 	max     int      // longest extent
+	escaped int      // longest value escaped (6 bytes a byte at most): what a guard keeps
 }
 
 // newScrubber returns the scrubber for the secrets bound to host (on any
@@ -46,6 +47,7 @@ type scrubber struct {
 // another), or nil when none is.
 func newScrubber(secrets []*boundSecret, host string) *scrubber {
 	var ns []needle
+	esc := 0
 	add := func(n needle) {
 		if len(n.core) > 0 && !slices.ContainsFunc(ns, func(m needle) bool { return bytes.Equal(m.core, n.core) }) {
 			ns = append(ns, n)
@@ -56,6 +58,7 @@ func newScrubber(secrets []*boundSecret, host string) *scrubber {
 			continue
 		}
 		v, name := string(b.secret.Value), b.secret.Name
+		esc = max(esc, 6*len(v))
 		raw := func(needle_, repl string) {
 			add(needle{core: []byte(needle_), repl: []byte(repl), name: name})
 		}
@@ -83,7 +86,7 @@ func newScrubber(secrets []*boundSecret, host string) *scrubber {
 	// Longest first, so a formatted value is replaced whole before the bare
 	// value inside it.
 	slices.SortStableFunc(ns, func(a, b needle) int { return len(b.core) - len(a.core) })
-	sc := &scrubber{needles: ns}
+	sc := &scrubber{needles: ns, escaped: esc}
 	for i := range ns {
 		sc.max = max(sc.max, ns[i].extent())
 	}
