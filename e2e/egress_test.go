@@ -77,7 +77,7 @@ func TestEgress(t *testing.T) {
 		"--egress-allow-cidr", "127.0.0.1/32", "--egress-root-ca", up.caFile, "--pool-size", "-1")
 	var sec map[string]any
 	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
-		"name": "GITHUB_TOKEN", "value": value, "hosts": []string{"allowed.test"},
+		"name": "GITHUB_TOKEN", "value": value, "hosts": []string{fmt.Sprintf("allowed.test:%d", up.port)}, // a secret goes only to the ports it names
 		"inject": map[string]string{"header": "Authorization", "format": "Bearer {value}"},
 	}, &sec); code != 201 {
 		t.Fatalf("put secret: %d %v", code, sec)
@@ -217,7 +217,7 @@ func TestEgress(t *testing.T) {
 	}
 	const rotated = "r0tated-VALUE-never-inside"
 	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
-		"name": "GITHUB_TOKEN", "value": rotated, "hosts": []string{"allowed.test"},
+		"name": "GITHUB_TOKEN", "value": rotated, "hosts": []string{fmt.Sprintf("allowed.test:%d", up.port)}, // a secret goes only to the ports it names
 		"inject": map[string]string{"header": "Authorization", "format": "Bearer {value}"},
 	}, nil); code != 201 {
 		t.Fatalf("put the secret back: %d", code)
@@ -254,7 +254,7 @@ func TestEgressWarmClaim(t *testing.T) {
 	s := startServer(t, "", "--egress-hosts", "allowed.test=127.0.0.1,other.test=127.0.0.1",
 		"--egress-allow-cidr", "127.0.0.1/32", "--egress-root-ca", up.caFile, "--pool-size", "1")
 	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
-		"name": "API_TOKEN", "value": value, "hosts": []string{"allowed.test"},
+		"name": "API_TOKEN", "value": value, "hosts": []string{fmt.Sprintf("allowed.test:%d", up.port)}, // a secret goes only to the ports it names
 		"inject": map[string]string{"header": "Authorization", "format": "Bearer {value}"},
 	}, nil); code != 201 {
 		t.Fatalf("put secret: %d", code)
