@@ -132,3 +132,46 @@ func BenchmarkWSScrub(b *testing.B) {
 		}
 	}
 }
+
+// benchBody is 4 MiB of text with base64 runs and no secret: what a
+// scrubbed response body or a guarded request body usually is.
+func benchBody() []byte {
+	var buf bytes.Buffer
+	for i := 0; buf.Len() < 4<<20; i++ {
+		fmt.Fprintf(&buf, `{"id": %d, "name": "item-%d \"q\"", "blob": "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo%04d=="}`+"\n", i, i, i%10000)
+	}
+	return buf.Bytes()
+}
+
+// BenchmarkScrubBody is the response scrubber's throughput for a
+// token-sized secret (raw, escaped, formatted and base64 forms).
+func BenchmarkScrubBody(b *testing.B) {
+	hosts, _ := hostPatterns([]string{"h.test"})
+	sc := newScrubber([]*boundSecret{{placeholder: NewPlaceholder(), secret: Secret{Name: "T", Value: []byte("ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"), Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}, hosts: hosts}}, "h.test")
+	in := benchBody()
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		r := &scrubReader{sc: sc, r: bytes.NewReader(in), c: io.NopCloser(nil)}
+		if _, err := io.Copy(io.Discard, r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkGuardBody is the cost of searching a request body to a
+// secret's host for the value (guess.go), read 32 KiB at a time.
+func BenchmarkGuardBody(b *testing.B) {
+	hosts, _ := hostPatterns([]string{"h.test"})
+	sc := newScrubber([]*boundSecret{{placeholder: NewPlaceholder(), secret: Secret{Name: "T", Value: []byte("ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"), Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}, hosts: hosts}}, "h.test")
+	in := benchBody()
+	buf := make([]byte, 32<<10)
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		g := &guardReader{sc: sc, r: bytes.NewReader(in)}
+		if _, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{g}, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

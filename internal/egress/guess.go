@@ -69,13 +69,27 @@ func (sc *scrubber) guessIn(req *http.Request) string {
 // a host that decodes what it is sent (a form, JSON) and reflects the
 // result would hand the scrubber a guess sent escaped.
 func (sc *scrubber) findAny(b []byte) *needle {
+	return sc.findIn(b, nil)
+}
+
+// findIn is findAny with a reusable buffer for the decoded view (nil:
+// allocated).
+func (sc *scrubber) findIn(b []byte, view *[]byte) *needle {
 	if n := sc.find(b); n != nil {
 		return n
 	}
-	if u, ok := unescapeView(b); ok {
-		return sc.find(u)
+	var dst []byte
+	if view != nil {
+		dst = *view
 	}
-	return nil
+	u, ok := unescapeView(dst, b)
+	if !ok {
+		return nil
+	}
+	if view != nil {
+		*view = u
+	}
+	return sc.find(u)
 }
 
 // foldIndex returns the index of a needle k holds ignoring ASCII case (the
@@ -94,73 +108,6 @@ func (sc *scrubber) foldIndex(k string) int {
 	return -1
 }
 
-// unescapeView decodes, leniently, the escapes a host commonly decodes
-// before it reflects text: %XX (forms, URLs), \uXXXX and \xXX (JSON,
-// JavaScript), &#NN; and &#xHH; (HTML). ok is false when b holds none.
-func unescapeView(b []byte) ([]byte, bool) {
-	if bytes.IndexByte(b, '%') < 0 && bytes.IndexByte(b, '\\') < 0 && bytes.IndexByte(b, '&') < 0 {
-		return nil, false
-	}
-	out := make([]byte, 0, len(b))
-	hexv := func(s []byte) (rune, bool) {
-		var r rune
-		for _, c := range s {
-			switch {
-			case c >= '0' && c <= '9':
-				r = r<<4 | rune(c-'0')
-			case c >= 'a' && c <= 'f':
-				r = r<<4 | rune(c-'a'+10)
-			case c >= 'A' && c <= 'F':
-				r = r<<4 | rune(c-'A'+10)
-			default:
-				return 0, false
-			}
-		}
-		return r, len(s) > 0
-	}
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		switch {
-		case c == '%' && i+2 < len(b):
-			if r, ok := hexv(b[i+1 : i+3]); ok {
-				out = append(out, byte(r))
-				i += 2
-				continue
-			}
-		case c == '\\' && i+5 < len(b) && b[i+1] == 'u':
-			if r, ok := hexv(b[i+2 : i+6]); ok {
-				out = utf8.AppendRune(out, r)
-				i += 5
-				continue
-			}
-		case c == '\\' && i+3 < len(b) && b[i+1] == 'x':
-			if r, ok := hexv(b[i+2 : i+4]); ok {
-				out = append(out, byte(r))
-				i += 3
-				continue
-			}
-		case c == '&' && i+3 < len(b) && b[i+1] == '#':
-			if j := bytes.IndexByte(b[i+2:min(len(b), i+12)], ';'); j > 0 {
-				num := b[i+2 : i+2+j]
-				var r rune
-				ok := false
-				if num[0] == 'x' || num[0] == 'X' {
-					r, ok = hexv(num[1:])
-				} else if n, err := strconv.Atoi(string(num)); err == nil && n >= 0 && n <= 0x10ffff {
-					r, ok = rune(n), true
-				}
-				if ok {
-					out = utf8.AppendRune(out, r)
-					i += 2 + j
-					continue
-				}
-			}
-		}
-		out = append(out, c)
-	}
-	return out, true
-}
-
 // guardReader passes a request body (or a client's WebSocket payloads)
 // on and fails with errGuess at the first read that completes a secret's
 // value; found names the secret. It keeps the last bytes it read so a
@@ -169,6 +116,7 @@ type guardReader struct {
 	sc    *scrubber
 	r     io.Reader
 	win   []byte
+	view  []byte // the window with its escapes decoded (reused)
 	found string
 }
 
@@ -189,7 +137,7 @@ func (g *guardReader) check(b []byte) (int, error) {
 		return 0, errGuess
 	}
 	g.win = append(g.win, b...)
-	if nd := g.sc.findAny(g.win); nd != nil {
+	if nd := g.sc.findIn(g.win, &g.view); nd != nil {
 		g.found = nd.name
 		return 0, errGuess
 	}
@@ -229,4 +177,94 @@ func (p *Proxy) revokedFor(sandboxID string, st *sandboxState, host string) stri
 		}
 	}
 	return ""
+}
+
+// unescapeView decodes, leniently, the escapes a host commonly decodes
+// before it reflects text: %XX (forms, URLs), \\uXXXX and \\xXX (JSON,
+// JavaScript), &#NN; and &#xHH; (HTML), into dst's buffer. ok is false
+// when b holds none that decodes (the view would be b itself).
+func unescapeView(dst, b []byte) ([]byte, bool) {
+	first := -1
+	for _, c := range []byte{'%', '\\', '&'} {
+		for from := 0; from < len(b); {
+			i := bytes.IndexByte(b[from:], c)
+			if i < 0 {
+				break
+			}
+			i += from
+			if _, n := unescapeAt(b, i); n > 0 {
+				if first < 0 || i < first {
+					first = i
+				}
+				break
+			}
+			from = i + 1
+		}
+	}
+	if first < 0 {
+		return nil, false
+	}
+	out := append(dst[:0], b[:first]...)
+	for i := first; i < len(b); i++ {
+		if b[i] == '%' || b[i] == '\\' || b[i] == '&' {
+			if r, n := unescapeAt(b, i); n > 0 {
+				if r < 0x80 {
+					out = append(out, byte(r))
+				} else {
+					out = utf8.AppendRune(out, r)
+				}
+				i += n - 1
+				continue
+			}
+		}
+		out = append(out, b[i])
+	}
+	return out, true
+}
+
+// unescapeAt decodes the escape at b[i:], returning the character and the
+// escape's length (0: none there).
+func unescapeAt(b []byte, i int) (rune, int) {
+	hexv := func(s []byte) (rune, bool) {
+		var r rune
+		for _, c := range s {
+			switch {
+			case c >= '0' && c <= '9':
+				r = r<<4 | rune(c-'0')
+			case c >= 'a' && c <= 'f':
+				r = r<<4 | rune(c-'a'+10)
+			case c >= 'A' && c <= 'F':
+				r = r<<4 | rune(c-'A'+10)
+			default:
+				return 0, false
+			}
+		}
+		return r, len(s) > 0
+	}
+	switch c := b[i]; {
+	case c == '%' && i+2 < len(b):
+		if r, ok := hexv(b[i+1 : i+3]); ok {
+			return r, 3
+		}
+	case c == '\\' && i+5 < len(b) && b[i+1] == 'u':
+		if r, ok := hexv(b[i+2 : i+6]); ok {
+			return r, 6
+		}
+	case c == '\\' && i+3 < len(b) && b[i+1] == 'x':
+		if r, ok := hexv(b[i+2 : i+4]); ok {
+			return r, 4
+		}
+	case c == '&' && i+3 < len(b) && b[i+1] == '#':
+		if j := bytes.IndexByte(b[i+2:min(len(b), i+12)], ';'); j > 0 {
+			num := b[i+2 : i+2+j]
+			if num[0] == 'x' || num[0] == 'X' {
+				if r, ok := hexv(num[1:]); ok && r <= 0x10ffff {
+					return r, 3 + j
+				}
+			} else if n, err := strconv.Atoi(string(num)); err == nil && n >= 0 && n <= 0x10ffff {
+				return rune(n), 3 + j
+			}
+		}
+	}
+	return 0, 0
 }

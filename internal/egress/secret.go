@@ -92,7 +92,7 @@ func (s Secret) validate() error {
 		return errdefs.InvalidArgument("secret name %q: want an environment variable name ([A-Za-z_][A-Za-z0-9_]*, at most 128)", s.Name)
 	}
 	if len(s.Value) == 0 || len(s.Value) > 64<<10 {
-		return errdefs.InvalidArgument("secret %s: value must be %d bytes to 64 KiB", s.Name, MinSecretLen)
+		return errdefs.InvalidArgument("secret %s: value must be %d bytes to 64 KiB", s.Name, MinSecretLen) // (stored ones: 1 byte or more)
 	}
 	if strings.ContainsAny(string(s.Value), "\r\n\x00") {
 		return errdefs.InvalidArgument("secret %s: value may not contain CR, LF or NUL", s.Name)
