@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -155,14 +156,30 @@ func (g *guardReader) Close() error {
 }
 
 // revoke marks a secret revoked for a sandbox (until RemoveSandbox; a new
-// binding does not undo it).
-func (p *Proxy) revoke(sandboxID, name string) {
+// binding does not undo it) and closes the sandbox's open connections to
+// the secret's hosts but self (which the caller ends after answering): a
+// WebSocket already open there would go on echoing (and scrubbing)
+// guesses. Both happen before the caller answers, so no request or frame
+// the sandbox sends once it has the answer gets through.
+func (p *Proxy) revoke(sandboxID, name string, self *tracked) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.revoked[sandboxID] == nil {
 		p.revoked[sandboxID] = map[string]bool{}
 	}
 	p.revoked[sandboxID][name] = true
+	var cut []*tracked
+	if st := p.sbs[sandboxID]; st != nil {
+		for _, t := range p.conns[sandboxID] {
+			d := t.dest.Load()
+			if t != self && d != nil && slices.ContainsFunc(st.secrets, func(b *boundSecret) bool { return b.secret.Name == name && b.matchName(d.host) }) {
+				cut = append(cut, t)
+			}
+		}
+	}
+	p.mu.Unlock()
+	for _, t := range cut {
+		t.cancel()
+	}
 }
 
 // revokedFor returns the name of a secret revoked for the sandbox whose

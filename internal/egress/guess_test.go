@@ -83,6 +83,8 @@ func TestGuessingIsNotAnOracle(t *testing.T) {
 	if code, body := e.post(t, c, ph, "/echo?echo=1", wrong, 0); code != 200 || body != wrong {
 		t.Fatalf("wrong list: %d %q", code, body)
 	}
+	// A WebSocket to the host, open before the guess (it echoes frames).
+	ws, wsr := e.openWS(t, ph)
 	// The right one is refused, never reflected with the placeholder.
 	code, body := e.post(t, c, ph, "/echo?echo=1", right, 0)
 	if code != 403 || strings.Contains(body, ph) || strings.Contains(body, "letmein") || !strings.Contains(body, "secret TOK") {
@@ -90,6 +92,11 @@ func TestGuessingIsNotAnOracle(t *testing.T) {
 	}
 	if r, ok := e.waitFor(t, func(r Record) bool { return r.Reason == ReasonSecretValue }); !ok || r.Secret != "TOK" || r.Decision != DecisionDeny {
 		t.Errorf("no secret_value record: %+v", e.ring.Records(testSandbox, 0))
+	}
+	// The open WebSocket was closed: it cannot echo a further guess.
+	ws.Write(maskedFrame(true, 1, []byte("guess wrong-one"), [4]byte{1, 2, 3, 4}))
+	if rest, _ := io.ReadAll(wsr); len(rest) != 0 {
+		t.Errorf("a WebSocket open before the guess still echoes: %q", rest)
 	}
 	// From now on every request to the secret's host gets one answer,
 	// whatever it holds: nothing more can be learnt.
@@ -142,7 +149,7 @@ func TestGuessingIsNotAnOracle(t *testing.T) {
 	}
 	// Ordinary traffic with the placeholder is no guess.
 	e.rebindGuess(t, ph, value)
-	if code, body := e.post(t, c, ph, "/echo?echo=1", "Bearer "+ph+" "+strings.Repeat("hunter", 1000), 7); code != 200 || !strings.Contains(body, ph) {
+	if code, body := e.post(t, e.client(false), ph, "/echo?echo=1", "Bearer "+ph+" "+strings.Repeat("hunter", 1000), 7); code != 200 || !strings.Contains(body, ph) {
 		t.Errorf("an ordinary request: %d %.80q", code, body)
 	}
 }
@@ -154,23 +161,8 @@ func TestGuessingIsNotAnOracle(t *testing.T) {
 func TestGuessOverWebSocket(t *testing.T) {
 	const value = "ws-guess-VALUE-5"
 	e, ph := guessEnv(t, value)
-	dial := func() (*tls.Conn, *bufio.Reader) {
-		c, st := e.rawConnect(t, e.secretHost())
-		if c == nil {
-			t.Fatalf("CONNECT: %s", st)
-		}
-		tc := tls.Client(c, &tls.Config{ServerName: "secret.test", RootCAs: e.pool})
-		tc.SetDeadline(time.Now().Add(10 * time.Second))
-		fmt.Fprintf(tc, "GET /ws?wsecho=1 HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer %s\r\n\r\n", e.secretHost(), ph)
-		br := bufio.NewReader(tc)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != 101 {
-			t.Fatalf("upgrade: %v %v", resp, err)
-		}
-		return tc, br
-	}
 	key := [4]byte{1, 2, 3, 4}
-	tc, br := dial()
+	tc, br := e.openWS(t, ph)
 	tc.Write(maskedFrame(true, 1, []byte("guess wrong-value"), key))
 	if fs := readWSFramesN(t, br, 1); len(fs) != 1 || string(fs[0].payload) != "guess wrong-value" {
 		t.Fatalf("a wrong guess: %v", fs)
@@ -188,6 +180,24 @@ func TestGuessOverWebSocket(t *testing.T) {
 	if code, body, _ := e.get(t, e.client(false), fmt.Sprintf("https://%s/user", e.secretHost()), "Authorization", ph); code != 403 || !strings.Contains(body, "revoked") {
 		t.Errorf("after the guess: %d %q", code, body)
 	}
+}
+
+// openWS opens a WebSocket to the secret host's frame echo.
+func (e *env) openWS(t *testing.T, ph string) (*tls.Conn, *bufio.Reader) {
+	t.Helper()
+	c, st := e.rawConnect(t, e.secretHost())
+	if c == nil {
+		t.Fatalf("CONNECT: %s", st)
+	}
+	tc := tls.Client(c, &tls.Config{ServerName: "secret.test", RootCAs: e.pool})
+	tc.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(tc, "GET /ws?wsecho=1 HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer %s\r\n\r\n", e.secretHost(), ph)
+	br := bufio.NewReader(tc)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	return tc, br
 }
 
 // readWSFramesN reads n frames.

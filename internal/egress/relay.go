@@ -430,10 +430,10 @@ func (s *session) relay(tun *Record, cw net.Conn, br *bufio.Reader, up net.Conn,
 				down = newWSScrubReader(sc, upbr) // no extensions: roundTrip refused them
 			}
 			cr := newWSClientReader(br, ws.ext, sc)
+			cr.onGuess = func(name string) { s.p.revoke(s.sb, name, s.t) }
 			pipe(cw, cr, up, down)
 			rec.BytesUp, rec.BytesDown = cnt.up.Load()-u0, cnt.down.Load()-d0
 			if name := cr.guessed(); name != "" {
-				s.p.revoke(s.sb, name)
 				rec.Secret, rec.Decision, rec.Reason, rec.Rule = name, DecisionDeny, ReasonSecretValue, "a WebSocket message carried the value of secret "+name+": it is revoked for this sandbox"
 				s.log.Warn("egress: the sandbox sent a secret's value; the secret is revoked for it", "secret", name, "host", rec.Host)
 			}
@@ -451,7 +451,7 @@ func (s *session) relay(tun *Record, cw net.Conn, br *bufio.Reader, up net.Conn,
 // guessed refuses a request that carried the value of secret name and
 // revokes the secret for the sandbox (guess.go).
 func (s *session) guessed(rec *Record, cw io.Writer, name string) {
-	s.p.revoke(s.sb, name)
+	s.p.revoke(s.sb, name, s.t) // before the answer: the sandbox's next request sees it
 	rec.Secret = name
 	s.log.Warn("egress: the sandbox sent a secret's value; the secret is revoked for it", "secret", name, "host", rec.Host)
 	s.refuse(cw, rec, http.StatusForbidden, ReasonSecretValue, "the request carries the value of secret "+name+": it is revoked for this sandbox")

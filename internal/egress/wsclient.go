@@ -29,6 +29,10 @@ type wsClientReader struct {
 	ext bool        // an extension was agreed: RSV1 may be set
 	sc  *scrubber   // when set, payloads are searched for a secret's value
 	g   guardReader // the search's state (its r is unused)
+	// onGuess runs when a payload carried a secret's value, before the
+	// connection ends (so the revocation is in force once the sandbox
+	// sees it end).
+	onGuess func(name string)
 
 	hdr  []byte // a validated header not yet returned
 	left uint64 // payload bytes of the current frame not yet read
@@ -72,6 +76,9 @@ func (w *wsClientReader) Read(p []byte) (int, error) {
 			plain[i] = p[i] ^ w.key[(w.pos+uint64(i))%4]
 		}
 		if _, gerr := w.g.check(plain); gerr != nil {
+			if w.onGuess != nil {
+				w.onGuess(w.g.found)
+			}
 			w.err = gerr
 			return 0, gerr
 		}
