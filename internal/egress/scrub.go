@@ -16,10 +16,13 @@ import (
 // the query string, an endpoint that echoes the request's headers, a
 // "whoami" that returns the token. In an intercepted tunnel to such a host
 // every response is scrubbed: each form of a secret's value the response
-// could carry (as is, URL-escaped, inside the basic-auth credential) is
-// replaced by the secret's placeholder, in header values and in the body,
-// before the sandbox reads it. A body the proxy cannot read (an encoding
-// other than gzip) is refused rather than passed on unread.
+// could carry (as is, URL-escaped, formatted, inside any base64 text:
+// scrub64.go) is replaced by the secret's placeholder, in header names and
+// values and in the body, and the reason phrase is replaced by the
+// standard one, before the sandbox reads it. What the proxy cannot read (a
+// coding other than one gzip layer, a 206) is refused rather than passed
+// on unread, and ranges are not asked for. Scrubbing alone would be a
+// guessing oracle: guess.go says why requests are searched too.
 
 // needle is one form of a secret's value the scrubber looks for.
 type needle struct {
