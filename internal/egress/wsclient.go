@@ -34,11 +34,12 @@ type wsClientReader struct {
 	// sees it end).
 	onGuess func(name string)
 
-	hdr  []byte // a validated header not yet returned
-	left uint64 // payload bytes of the current frame not yet read
-	key  [4]byte
-	pos  uint64
-	err  error
+	hdr   []byte // a validated header not yet returned
+	plain []byte // the payload just read, unmasked (reused)
+	left  uint64 // payload bytes of the current frame not yet read
+	key   [4]byte
+	pos   uint64
+	err   error
 }
 
 func newWSClientReader(r *bufio.Reader, ext bool, sc *scrubber) *wsClientReader {
@@ -71,9 +72,10 @@ func (w *wsClientReader) Read(p []byte) (int, error) {
 	}
 	n, err := w.r.Read(p[:min(uint64(len(p)), w.left)])
 	if n > 0 && w.sc != nil {
-		plain := make([]byte, n)
+		w.plain = append(w.plain[:0], p[:n]...)
+		plain := w.plain
 		for i := range n {
-			plain[i] = p[i] ^ w.key[(w.pos+uint64(i))%4]
+			plain[i] ^= w.key[(w.pos+uint64(i))%4]
 		}
 		if _, gerr := w.g.check(plain); gerr != nil {
 			if w.onGuess != nil {
