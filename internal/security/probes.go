@@ -431,6 +431,30 @@ def tun():
     s.sendall(("GET /%s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (PID, hp(FB, CP), up)).encode())
     return refused(readall(s, 3), "ws in tunnel")
 attempt("in tunnel", tun)`},
+		{ID: "upgrade-smuggle", Name: "Requests for another host after a 101",
+			Technique: "inside intercepted TLS to the allowed host: Upgrade: h2c (HTTP/2 streams could name any host) must not switch; after a WebSocket 101, an HTTP request with Host: <forbidden> sent on the upgraded connection must not be answered",
+			Python: `def sess(extra, path):
+    t = tls(allowed_tunnel(), AH)
+    t.sendall(("GET /%s/%s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (PID, path, hp(AH, AP), extra)).encode())
+    return t, readhead(t)
+def h2c():
+    t, head = sess("Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nConnection: Upgrade, HTTP2-Settings\r\n", "h2c")
+    t.close()
+    if code(head) == 101:
+        return "BYPASS", "the connection switched to h2c: " + first(head)
+    return "BLOCKED", "no switch to h2c: " + first(head)
+def smuggle():
+    t, head = sess("Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n", "ws")
+    if code(head) != 101:
+        t.close()
+        return "BLOCKED", "the allowed host did not upgrade (%s): only a WebSocket 101 opens a connection the proxy stops reading as HTTP" % first(head)
+    t.sendall(("GET /%s/after-101 HTTP/1.1\r\nHost: %s\r\n\r\n" % (PID, hp(FB, CP))).encode())
+    r = readall(t, 3)
+    if code(r) or b"smuggled" in r:
+        return "BYPASS", "a request after the 101 reached the upstream and was answered: %r" % r[:80]
+    return "BLOCKED", "the request after the 101 ended the connection unanswered (%d bytes)" % len(r)
+attempt("h2c", h2c)
+attempt("after a WebSocket 101", smuggle)`},
 		{ID: "hostname-tricks", Name: "Malformed and look-alike host names",
 			Technique: "very long names, NUL and CR/LF bytes, Cyrillic homoglyph of the allowed name, trailing dot, upper case, percent-encoding, userinfo and fragment tricks in absolute URIs",
 			Python: `names = ["a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 50 + "." + AH, "x" * 300 + "." + AH,
