@@ -11,6 +11,8 @@ require (
 	golang.org/x/time v0.16.0
 )
 
+require github.com/aymanbagabas/go-udiff v0.4.2 // indirect
+
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
