@@ -44,9 +44,9 @@ func TestLookupLayered(t *testing.T) {
 	), Meta{})
 	top := mustPutTar(t, s, "top", mkTar(t,
 		dir("etc"),
-		file("etc/motd", []byte("back")), // back after a lower whiteout
-		file("etc/.wh.new", nil),         // the middle layer's file removed
-		file(".wh.home", nil),            // a whole tree, from both layers below
+		file("etc/motd", []byte("back")),                                 // back after a lower whiteout
+		file("etc/.wh.new", nil),                                         // the middle layer's file removed
+		file(".wh.home", nil),                                            // a whole tree, from both layers below
 		dir("srv"), dir("srv/data"), file("srv/data/again", []byte("a")), // a directory again over the middle's file
 		dir("var"), dir("var/cache"), file("var/cache/.wh..wh..opq", nil), // opaque over two layers
 	), Meta{})
