@@ -1,6 +1,11 @@
 package snapshot
 
-import "strings"
+import (
+	"context"
+	"io"
+	"slices"
+	"strings"
+)
 
 // LookupLayered finds path p in the view that layers (bottom first) make
 // when merged, without merging them: the same answer as
@@ -56,4 +61,17 @@ func parentOf(p string) string {
 		return p[:i]
 	}
 	return ""
+}
+
+// ReadEntry streams the content of a regular file (or hardlink) entry, as
+// LookupLayered found it.
+func (s *Store) ReadEntry(ctx context.Context, e FileEntry) io.ReadCloser {
+	return &chunkReader{ctx: ctx, s: s, chunks: e.Chunks}
+}
+
+// SameContent reports whether two entries hold the same content: the same
+// type, the same chunks (content-addressed) and the same link target.
+// Mode, ownership and times are not content.
+func SameContent(a, b FileEntry) bool {
+	return a.Type == b.Type && a.Size == b.Size && a.Link == b.Link && slices.Equal(a.Chunks, b.Chunks)
 }
