@@ -1,11 +1,15 @@
 package e2e
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/url"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 )
@@ -173,5 +177,64 @@ func TestFileHistory(t *testing.T) {
 	}
 	if code := s.do("POST", "/v1/sandboxes/"+id+"/restore", other, map[string]any{"before_command": ids[4]}, &e); code != 404 {
 		t.Errorf("another team's restore: %d", code)
+	}
+}
+
+// TestCLIHistory: the CLI's verbs over the same features, against the real
+// server: create --snapshot-on-exec, commands (with ids), history, diff
+// --path, restore --before.
+func TestCLIHistory(t *testing.T) {
+	s := sharedServer(t)
+	run := func(args ...string) (string, int) {
+		t.Helper()
+		cmd := exec.Command(spaceBin(t), args...)
+		cmd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+s.key)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		return out.String(), code
+	}
+	out, code := run("create", "--snapshot-on-exec")
+	id := strings.TrimSpace(out)
+	if code != 0 || id == "" {
+		t.Fatalf("create: %d %q", code, out)
+	}
+	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
+	for i := 1; i <= 3; i++ {
+		if out, code := run("exec", id, "--", "sh", "-c", fmt.Sprintf("printf 'line\\nv%d\\n' > /home/user/r.txt", i)); code != 0 {
+			t.Fatalf("exec %d: %d %q", i, code, out)
+		}
+	}
+	var cmds struct{ Commands []commandView }
+	s.do("GET", "/v1/sandboxes/"+id+"/commands", s.key, nil, &cmds)
+	if len(cmds.Commands) != 3 {
+		t.Fatalf("commands: %+v", cmds)
+	}
+	if out, _ := run("commands", id); !strings.Contains(out, fmt.Sprint(cmds.Commands[1].ID)) {
+		t.Errorf("space commands shows no ids: %q", out)
+	}
+	out, code = run("history", id, "/home/user/r.txt")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 4 || !strings.Contains(lines[2], "v2") || !strings.Contains(lines[2], fmt.Sprint(cmds.Commands[1].ID)) {
+		t.Fatalf("history: %d %q", code, out)
+	}
+	var vs []struct{ Snapshot string }
+	out, _ = run("history", id, "/home/user/r.txt", "--json")
+	if err := json.Unmarshal([]byte(out), &vs); err != nil || len(vs) != 3 {
+		t.Fatalf("history --json: %v %q", err, out)
+	}
+	out, code = run("diff", id, vs[0].Snapshot, vs[2].Snapshot, "--path", "/home/user/r.txt")
+	if code != 0 || !strings.Contains(out, "-v1\n+v3\n") || !strings.Contains(out, " line\n") {
+		t.Errorf("diff --path: %d %q", code, out)
+	}
+	if out, code := run("restore", id, "--before", fmt.Sprint(cmds.Commands[2].ID), "/home/user/r.txt"); code != 0 || !strings.Contains(out, "restored /home/user/r.txt") {
+		t.Errorf("restore --before: %d %q", code, out)
+	}
+	if r := s.sh(id, "cat /home/user/r.txt"); r.Stdout != "line\nv2\n" {
+		t.Errorf("after restore --before the third command: %q", r.Stdout)
 	}
 }
