@@ -46,10 +46,13 @@ func TestFileHistory(t *testing.T) {
 	id := s.create(map[string]any{"snapshot_on_exec": true})
 	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
 	const file = "/home/user/h.txt"
+	var answered []int64 // the command ids the exec answers gave
 	for i := 1; i <= 10; i++ {
-		if r := s.sh(id, fmt.Sprintf("echo v%d > %s", i, file)); r.ExitCode != 0 {
+		r := s.sh(id, fmt.Sprintf("echo v%d > %s", i, file))
+		if r.ExitCode != 0 {
 			t.Fatalf("command %d: %+v", i, r)
 		}
+		answered = append(answered, r.CommandID)
 	}
 	timeline := func() []snapshotView {
 		var tl struct{ Snapshots []snapshotView }
@@ -79,6 +82,9 @@ func TestFileHistory(t *testing.T) {
 		ids[i] = c.ID
 		if c.ID == 0 || i > 0 && c.ID <= ids[i-1] {
 			t.Fatalf("command ids not increasing: %+v", cmds.Commands)
+		}
+		if i < len(answered) && answered[i] != c.ID {
+			t.Errorf("exec %d answered command_id %d; the command list says %d", i+1, answered[i], c.ID)
 		}
 	}
 

@@ -149,6 +149,7 @@ func (a *API) collect(w http.ResponseWriter, r *http.Request, pid int, ev sandbo
 			res.Signal, res.Error = e.Signal, e.Error
 		}
 	}
+	res.CommandID = sandbox.CommandID(ev)
 	res.write(w, &stdout, &stderr)
 }
 
@@ -202,6 +203,7 @@ func runeStartBefore(b []byte, n int) int {
 // execResult is the answer of a non-streaming exec.
 type execResult struct {
 	PID       int
+	CommandID int64 // with snapshot_on_exec (sandbox.CommandID)
 	ExitCode  int
 	Signal    string
 	Error     string
@@ -221,6 +223,10 @@ func (res execResult) write(w http.ResponseWriter, stdout, stderr *chunks) {
 	b = strconv.AppendInt(b, int64(res.PID), 10)
 	b = append(b, `,"exit_code":`...)
 	b = strconv.AppendInt(b, int64(res.ExitCode), 10)
+	if res.CommandID != 0 {
+		b = append(b, `,"command_id":`...)
+		b = strconv.AppendInt(b, res.CommandID, 10)
+	}
 	if res.Signal != "" {
 		b = append(b, `,"signal":`...)
 		b = strconv.AppendQuote(b, res.Signal)

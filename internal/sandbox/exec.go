@@ -208,7 +208,8 @@ type recordingStream struct {
 	l      *live
 	id     string
 	pid    int
-	onExec bool // snapshot after the exit (snapshot_on_exec), before handing it on
+	onExec bool  // snapshot after the exit (snapshot_on_exec), before handing it on
+	cmdID  int64 // the command's id, once onExec's snapshot looked it up
 	closed atomic.Bool
 }
 
@@ -228,7 +229,7 @@ func (r *recordingStream) Next() (agentproto.Event, error) {
 		}
 		r.s.procs.add(store.ProcessOp{Exit: &store.ProcessExit{SandboxID: r.id, PID: r.pid, ExitCode: code, ExitedAt: e.Time.UTC()}})
 		if r.onExec {
-			r.s.snapshotAfterExec(context.Background(), r.id, r.pid)
+			r.cmdID = r.s.snapshotAfterExec(context.Background(), r.id, r.pid)
 		}
 	}
 	return e, err

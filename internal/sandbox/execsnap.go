@@ -48,49 +48,51 @@ func causeText(cmd []string) string {
 }
 
 // snapshotAfterExec takes the snapshot after the command pid of sandbox id
-// ended. Failures are logged, never handed to the command's caller: the
-// command itself succeeded. A second stream of the same command (a
-// reconnect) finds its snapshot already taken.
-func (s *Service) snapshotAfterExec(ctx context.Context, id string, pid int) {
+// ended and returns the command's id (0 if it is not recorded). Failures
+// are logged, never handed to the command's caller: the command itself
+// succeeded. A second stream of the same command (a reconnect) finds its
+// snapshot already taken.
+func (s *Service) snapshotAfterExec(ctx context.Context, id string, pid int) int64 {
 	ctx = context.WithoutCancel(ctx)
 	s.procs.flush() // its start is in the store, with its seq
 	p, err := s.store.LatestProcess(ctx, id, pid)
 	if err != nil {
 		s.log.Warn("snapshot on exec: command not recorded", "sandbox", id, "pid", pid, "err", err)
-		return
+		return 0
 	}
 	s.mu.Lock()
 	l := s.live[id]
 	s.mu.Unlock()
 	if l == nil {
-		return
+		return p.Seq
 	}
 	l.opMu.Lock()
 	defer l.opMu.Unlock()
 	// Under the lock: a pause or stop that ran meanwhile wins.
 	sb, err := s.store.GetSandbox(ctx, id)
 	if err != nil || sb.State != StateRunning {
-		return
+		return p.Seq
 	}
 	snaps, err := s.store.ListSnapshots(ctx, id, store.SnapshotReady)
 	if err != nil {
-		return
+		return p.Seq
 	}
 	var prev *store.Snapshot
 	if len(snaps) > 0 {
 		prev = &snaps[len(snaps)-1]
 		if prev.CommandSeq == p.Seq {
-			return
+			return p.Seq
 		}
 	}
 	sn, err := s.takeSnapshotCause(ctx, sb, KindFiles, "", true, snapCause{seq: p.Seq, text: causeText(p.Cmd)})
 	if err != nil {
 		s.log.Warn("snapshot on exec failed", "sandbox", id, "command", p.Seq, "err", err)
-		return
+		return p.Seq
 	}
 	if s.unchangedSince(prev, sn) {
 		_ = s.dropSnapshot(ctx, sn)
 	}
+	return p.Seq
 }
 
 // unchangedSince reports whether sn holds the files prev does (with no
@@ -136,4 +138,15 @@ func (s *Service) baselineBeforeExec(ctx context.Context, sb store.Sandbox, l *l
 		return
 	}
 	l.baselined.Store(true)
+}
+
+// CommandID is the id (Command.ID) of the command whose events ev
+// streams, once its exit has been read, when the server looked it up: in a
+// snapshot_on_exec sandbox, where the snapshot after it names it. 0
+// otherwise (the id is in the sandbox's command list either way).
+func CommandID(ev EventStream) int64 {
+	if r, ok := ev.(*recordingStream); ok {
+		return r.cmdID
+	}
+	return 0
 }
