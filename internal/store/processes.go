@@ -187,16 +187,6 @@ func (s *Store) LatestProcess(ctx context.Context, sandboxID string, pid int) (P
 	return out[0], nil
 }
 
-// FirstProcessSeq returns the seq of the oldest process record of
-// sandboxID (0 when it has none).
-func (s *Store) FirstProcessSeq(ctx context.Context, sandboxID string) (int64, error) {
-	var seq sql.NullInt64
-	if err := s.r.QueryRowContext(ctx, `SELECT MIN(seq) FROM processes WHERE sandbox_id = ?`, sandboxID).Scan(&seq); err != nil {
-		return 0, fmt.Errorf("store: first process: %w", err)
-	}
-	return seq.Int64, nil
-}
-
 func (s *Store) queryProcesses(ctx context.Context, q string, args ...any) ([]Process, error) {
 	rows, err := s.r.QueryContext(ctx, q, args...)
 	if err != nil {
