@@ -47,13 +47,27 @@ func TestFileHistory(t *testing.T) {
 	defer s.do("DELETE", "/v1/sandboxes/"+id, s.key, nil, nil)
 	const file = "/home/user/h.txt"
 	var answered []int64 // the command ids the exec answers gave
-	for i := 1; i <= 10; i++ {
+	for i := 1; i <= 9; i++ {
 		r := s.sh(id, fmt.Sprintf("echo v%d > %s", i, file))
 		if r.ExitCode != 0 {
 			t.Fatalf("command %d: %+v", i, r)
 		}
 		answered = append(answered, r.CommandID)
 	}
+	// The tenth streamed (SSE): its exit event names it.
+	resp := s.stream("POST", "/v1/sandboxes/"+id+"/exec", map[string]any{"cmd": fmt.Sprintf("echo v10 > %s", file)}, nil)
+	var exit struct {
+		ExitCode  int   `json:"exit_code"`
+		CommandID int64 `json:"command_id"`
+	}
+	readSSE(t, resp.Body, func(e sseEvent) bool {
+		if e.Event == "exit" {
+			json.Unmarshal([]byte(e.Data), &exit)
+		}
+		return true
+	})
+	resp.Body.Close()
+	answered = append(answered, exit.CommandID)
 	timeline := func() []snapshotView {
 		var tl struct{ Snapshots []snapshotView }
 		if code := s.do("GET", "/v1/sandboxes/"+id+"/snapshots", s.key, nil, &tl); code != 200 {
