@@ -12,6 +12,8 @@ require (
 	golang.org/x/time v0.16.0
 )
 
+require github.com/aymanbagabas/go-udiff v0.4.2 // indirect
+
 require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect

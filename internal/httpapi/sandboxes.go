@@ -31,6 +31,9 @@ type Sandbox struct {
 	PublicPorts bool `json:"public_ports,omitempty"`
 	// AutoResume: a request to it while paused resumes it.
 	AutoResume bool `json:"auto_resume,omitempty"`
+	// SnapshotOnExec: a files snapshot after every command that changed
+	// files.
+	SnapshotOnExec bool `json:"snapshot_on_exec,omitempty"`
 }
 
 func viewSandbox(sb store.Sandbox) Sandbox {
@@ -42,7 +45,7 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 		ID: sb.ID, State: sb.State, Reason: sb.Reason, Template: sb.Template, Driver: sb.Driver,
 		CPU: sb.CPU, MemoryMB: sb.MemoryMB, TimeoutS: sb.TimeoutS, OnTimeout: sb.OnTimeout,
 		Metadata: md, CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, StoppedAt: sb.StoppedAt,
-		PublicPorts: sb.PublicPorts, AutoResume: sb.AutoResume,
+		PublicPorts: sb.PublicPorts, AutoResume: sb.AutoResume, SnapshotOnExec: sb.SnapshotOnExec,
 	}
 }
 

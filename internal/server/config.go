@@ -70,6 +70,7 @@ type Config struct {
 	SnapshotIntervalS int    // --snapshot-interval: automatic files snapshots (default 300; -1 off)
 	RetentionDays     int    // --retention-days (default 7)
 	CheckpointOnPause string // --checkpoint-on-pause: on|off (default on)
+	SnapshotOnExec    string // --snapshot-on-exec: on|off (default off), a create's snapshot_on_exec default
 	// QEMUCgroups is --qemu-cgroups: on|off (default on). Off runs QEMU VMs
 	// without cgroups of their own (no CPU quota, memory or pids limit
 	// beyond QEMU's -smp/-m), for hosts with no cgroup filesystem.
@@ -138,6 +139,9 @@ func (c *Config) Defaults() {
 	if c.RetentionDays == 0 {
 		c.RetentionDays = 7
 	}
+	if c.SnapshotOnExec == "" {
+		c.SnapshotOnExec = "off"
+	}
 	if c.CheckpointOnPause == "" {
 		c.CheckpointOnPause = "on"
 	}
@@ -172,6 +176,7 @@ func (c *Config) Validate() error {
 	}
 	for _, f := range []struct{ flag, v string }{
 		{"--checkpoint-on-pause", c.CheckpointOnPause},
+		{"--snapshot-on-exec", c.SnapshotOnExec},
 		{"--qemu-cgroups", c.QEMUCgroups},
 	} {
 		if f.v != "on" && f.v != "off" {

@@ -189,7 +189,7 @@ func Run(ctx context.Context, cfg Config) error {
 	interval := time.Duration(cfg.SnapshotIntervalS) * time.Second
 	retain := time.Duration(cfg.RetentionDays) * 24 * time.Hour
 	svc.SetSnapshots(sandbox.Snapshots{
-		Store: snaps, Interval: interval, CheckpointOnPause: cfg.CheckpointOnPause != "off",
+		Store: snaps, Interval: interval, CheckpointOnPause: cfg.CheckpointOnPause != "off", OnExec: cfg.SnapshotOnExec == "on",
 		Retention: snapshot.Policy{KeepAll: time.Hour, Hourly: 24 * time.Hour, Daily: retain, NamedMaxAge: retain},
 	})
 	eg, err := newEgress(cfg, log)

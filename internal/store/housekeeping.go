@@ -116,10 +116,10 @@ func (s *Store) ClaimSandboxWithin(ctx context.Context, sb Sandbox, q Quota) err
 		return err
 	}
 	query := `UPDATE sandboxes SET team = ?, env = ?, metadata = ?, timeout_s = ?, on_timeout = ?,
-		created_at = ?, updated_at = ?, expires_at = ?, snapshot_interval_s = ?, retention_days = ?, public_ports = ?, auto_resume = ?, state = 'running'
+		created_at = ?, updated_at = ?, expires_at = ?, snapshot_interval_s = ?, retention_days = ?, public_ports = ?, auto_resume = ?, snapshot_on_exec = ?, state = 'running'
 		WHERE id = ? AND state = 'pooled'`
 	args := []any{sb.Team, env, md, sb.TimeoutS, sb.OnTimeout, toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt),
-		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), boolInt(sb.AutoResume), sb.ID}
+		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), boolInt(sb.AutoResume), boolInt(sb.SnapshotOnExec), sb.ID}
 	if s.pg {
 		return s.claimPG(ctx, sb, q, query, args)
 	}

@@ -185,6 +185,13 @@ ALTER TABLE snapshots ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
 DROP INDEX sandboxes_live_team;
 CREATE INDEX sandboxes_live_team ON sandboxes(team, state, memory_mb, cpu) WHERE state IN ('creating', 'running', 'paused', 'stopping', 'error');
 `,
+	// 17: a snapshot after every command (snapshot_on_exec), and the
+	// command a snapshot was taken after (its process seq and command line).
+	`
+ALTER TABLE sandboxes ADD COLUMN snapshot_on_exec INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN command_seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN cause TEXT NOT NULL DEFAULT '';
+`,
 }
 
 // migrator is what migrate runs on: the SQLite writer's *sql.DB, or the

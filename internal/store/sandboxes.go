@@ -49,6 +49,9 @@ type Sandbox struct {
 	// AutoResume: while paused, a request to its processes, files or
 	// ports resumes it (E2B's autoResume); off unless asked for.
 	AutoResume bool
+	// SnapshotOnExec: a files snapshot after every command that changed
+	// files, naming the command.
+	SnapshotOnExec bool
 }
 
 // SandboxFilter selects sandboxes for ListSandboxes. Empty fields match
@@ -69,20 +72,20 @@ const (
 
 const sandboxCols = `id, team, template, template_digest, driver, state, reason, handle, env, metadata,
 	cpu, memory_mb, timeout_s, on_timeout, created_at, updated_at, expires_at, stopped_at,
-	snapshot_interval_s, retention_days, public_ports, auto_resume`
+	snapshot_interval_s, retention_days, public_ports, auto_resume, snapshot_on_exec`
 
 func scanSandbox(sc scanner) (Sandbox, error) {
 	var sb Sandbox
 	var env, md string
 	var created, updated, expires int64
 	var stopped sql.NullInt64
-	var public, autoResume int
+	var public, autoResume, onExec int
 	if err := sc.Scan(&sb.ID, &sb.Team, &sb.Template, &sb.TemplateDigest, &sb.Driver, &sb.State, &sb.Reason,
 		&sb.Handle, &env, &md, &sb.CPU, &sb.MemoryMB, &sb.TimeoutS, &sb.OnTimeout,
-		&created, &updated, &expires, &stopped, &sb.SnapshotIntervalS, &sb.RetentionDays, &public, &autoResume); err != nil {
+		&created, &updated, &expires, &stopped, &sb.SnapshotIntervalS, &sb.RetentionDays, &public, &autoResume, &onExec); err != nil {
 		return Sandbox{}, err
 	}
-	sb.PublicPorts, sb.AutoResume = public != 0, autoResume != 0
+	sb.PublicPorts, sb.AutoResume, sb.SnapshotOnExec = public != 0, autoResume != 0, onExec != 0
 	var err error
 	if sb.Env, err = decodeMap(env); err != nil {
 		return Sandbox{}, err
@@ -130,8 +133,8 @@ func (s *Store) CreateSandboxWithin(ctx context.Context, sb Sandbox, q Quota) er
 	args := []any{sb.ID, sb.Team, sb.Template, sb.TemplateDigest, sb.Driver, sb.State, sb.Reason, sb.Handle, env, md,
 		sb.CPU, sb.MemoryMB, sb.TimeoutS, sb.OnTimeout,
 		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt), toNullNanos(sb.StoppedAt),
-		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), boolInt(sb.AutoResume)}
-	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
+		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), boolInt(sb.AutoResume), boolInt(sb.SnapshotOnExec)}
+	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
 	if q.SandboxesUnlimited() {
 		_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES (`+values+`)`, args...)
 		return classify(err, "sandbox "+sb.ID)
