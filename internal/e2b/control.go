@@ -8,7 +8,6 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -346,13 +345,26 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, c sandbox.Call
 		}
 		status = http.StatusCreated
 	}
-	if b.Timeout != nil && *b.Timeout > 0 {
+	// E2B only ever extends a sandbox's life on connect: a timeout that
+	// ends earlier than the current end time changes nothing (the SDK
+	// sends 300 s by default, which cut an hour-long sandbox to 5 minutes).
+	if b.Timeout != nil && *b.Timeout > 0 && extends(sb, *b.Timeout, time.Now()) {
 		if sb, err = h.svc.SetTimeout(r.Context(), c, sb.ID, *b.Timeout); err != nil {
 			h.writeError(w, r, err)
 			return
 		}
 	}
 	writeJSON(w, status, h.sandboxJSON(sb))
+}
+
+// extends reports whether a timeout of timeoutS from now ends later than
+// sb's current end time (a sandbox without one is not extended: it does
+// not expire).
+func extends(sb store.Sandbox, timeoutS int, now time.Time) bool {
+	if sb.ExpiresAt.IsZero() {
+		return false
+	}
+	return now.Add(time.Duration(timeoutS) * time.Second).After(sb.ExpiresAt)
 }
 
 func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
@@ -472,9 +484,9 @@ func parseListQuery(q url.Values) (listQuery, error) {
 	}
 	lq.template = q.Get("template")
 	switch q.Get("order") {
-	case "", "asc":
-	case "desc":
+	case "", "desc": // E2B's default: newest first
 		lq.desc = true
+	case "asc":
 	default:
 		return lq, errdefs.InvalidArgument("order: asc or desc")
 	}
@@ -488,36 +500,34 @@ func parseListQuery(q url.Values) (listQuery, error) {
 	return lq, nil
 }
 
-// list serves GET /v2/sandboxes: one page of the caller's sandboxes
-// (space's own paging; X-Next-Token carries its cursor). startedAfter,
-// template and order apply within the page.
+// list serves GET /v2/sandboxes: one page of the caller's sandboxes,
+// newest first unless order=asc, with X-Next-Token carrying the cursor.
+// Every filter (state, metadata, startedAfter, template) and the order
+// apply in the store, across the whole result set, so pages of a filtered
+// list are full and do not overlap.
 func (h *Handler) list(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 	lq, err := parseListQuery(r.URL.Query())
 	if err != nil {
 		h.writeError(w, r, err)
 		return
 	}
-	sbs, next, err := h.svc.List(r.Context(), c, sandbox.ListOptions{States: lq.states, Metadata: lq.metadata, Limit: lq.limit, Cursor: lq.next})
+	o := sandbox.ListOptions{States: lq.states, Metadata: lq.metadata, Limit: lq.limit, Cursor: lq.next,
+		CreatedFrom: lq.startedAfter, Newest: lq.desc}
+	if lq.template != "" {
+		o.Templates = []string{lq.template}
+		if t, ok := templateAliases[lq.template]; ok && t != lq.template {
+			o.Templates = append(o.Templates, t)
+		}
+	}
+	sbs, next, err := h.svc.List(r.Context(), c, o)
 	if err != nil {
 		h.writeError(w, r, err)
 		return
 	}
 	out := []detailJSON{}
 	for _, sb := range sbs {
-		if !lq.startedAfter.IsZero() && !sb.CreatedAt.After(lq.startedAfter) {
-			continue
-		}
-		if lq.template != "" && sb.Template != lq.template && templateAliases[lq.template] != sb.Template {
-			continue
-		}
 		out = append(out, h.detailJSON(sb, false))
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		if lq.desc {
-			return out[i].StartedAt.After(out[j].StartedAt)
-		}
-		return out[i].StartedAt.Before(out[j].StartedAt)
-	})
 	if next != "" {
 		w.Header().Set("X-Next-Token", next)
 	}
