@@ -63,6 +63,7 @@ func (h *Handler) controlMux() http.Handler {
 	auth("POST /sandboxes/{id}/snapshots", h.createSnapshot)
 	auth("GET /snapshots", h.listSnapshots)
 	auth("DELETE /templates/{id}", h.deleteSnapshot)
+	auth("GET /templates/aliases/{alias}", h.templateAlias)
 	auth("POST /sandboxes/{id}/fork", h.fork)
 	auth("PUT /sandboxes/{id}/network", h.updateNetwork)
 	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
@@ -660,6 +661,28 @@ func (h *Handler) deleteSnapshot(w http.ResponseWriter, r *http.Request, c sandb
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// templateAlias serves GET /templates/aliases/{alias} (Template.exists):
+// 200 {templateID, public} for a template this server has (E2B's aliases
+// or a space template name), a 404 otherwise. Space's templates serve
+// every team, so each is public. A snapshot id is not an alias.
+func (h *Handler) templateAlias(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	alias := r.PathValue("alias")
+	name := alias
+	if t, ok := templateAliases[alias]; ok && alias != "" {
+		name = t
+	}
+	// A template being built, or whose build failed, exists too: its name
+	// is taken (E2B's alias exists from the build's start).
+	if _, err := h.cfg.Store.GetTemplate(r.Context(), name); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			err = errdefs.NotFound("template alias %q not found", alias)
+		}
+		h.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"templateID": alias, "public": true})
 }
 
 func (h *Handler) fork(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
