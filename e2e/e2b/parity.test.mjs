@@ -79,3 +79,93 @@ test('Sandbox.list: newest first, pages with limit and nextToken in that order',
     await Promise.all(made.map((s) => s.kill().catch(() => {})))
   }
 })
+
+test('Template.exists: the server\'s templates and E2B\'s aliases of them', async () => {
+  assert.equal(await Template.exists('base'), true)
+  assert.equal(await Template.exists('code-interpreter-v1'), true)
+  assert.equal(await Template.exists('python-data'), true)
+  assert.equal(await Template.exists(`no-such-template-${runId}`), false)
+})
+
+test('the sandbox user has passwordless sudo', async () => {
+  await withSandbox(async (sbx) => {
+    const r = await sbx.commands.run('whoami; sudo -n whoami; sudo -n id -u; sudo -n sh -c "echo ok > /root/sudo.txt" && sudo -n cat /root/sudo.txt')
+    assert.equal(r.stdout, 'user\nroot\n0\nok\n')
+  })
+})
+
+test('watchDir: files.write over a file is a write of it, no temporary file is seen', async () => {
+  await withSandbox(async (sbx) => {
+    await sbx.files.write('/tmp/wo/a.txt', 'one')
+    const events = []
+    const handle = await sbx.files.watchDir('/tmp/wo', (e) => { events.push(e) })
+    await sbx.files.write('/tmp/wo/a.txt', 'two')
+    await waitFor(() => events.some((e) => e.name === 'a.txt' && e.type === FilesystemEventType.WRITE), 20000, 'write a.txt')
+    await sbx.files.write('/tmp/wo/new.txt', 'n')
+    await waitFor(() => events.some((e) => e.name === 'new.txt' && e.type === FilesystemEventType.WRITE), 20000, 'write new.txt')
+    await handle.stop()
+    const seen = events.map((e) => `${e.type} ${e.name}`)
+    assert.ok(!seen.some((s) => s.includes('.space-')), `temporary files: ${seen}`)
+    assert.deepEqual(seen, [
+      `${FilesystemEventType.WRITE} a.txt`,
+      `${FilesystemEventType.CREATE} new.txt`, `${FilesystemEventType.WRITE} new.txt`,
+    ])
+    assert.equal(await sbx.files.read('/tmp/wo/a.txt'), 'two')
+  })
+})
+
+test('files.remove of a missing path succeeds; getInfo gives an absolute symlinkTarget', async () => {
+  await withSandbox(async (sbx) => {
+    await sbx.files.remove('/tmp/never-there')
+    await sbx.files.remove('/tmp/never/there/either')
+    await sbx.files.write('/tmp/ln/t.txt', 'x')
+    await sbx.commands.run('cd /tmp/ln && ln -s t.txt rel && ln -s ../ln/t.txt up && ln -s /tmp/ln/t.txt abs')
+    for (const name of ['rel', 'up', 'abs']) {
+      const info = await sbx.files.getInfo(`/tmp/ln/${name}`)
+      assert.equal(info.symlinkTarget, '/tmp/ln/t.txt', name)
+    }
+    await sbx.files.remove('/tmp/ln')
+    assert.equal(await sbx.files.exists('/tmp/ln'), false)
+  })
+})
+
+// The SDKs' own sign of a sandbox killed under a request: the connection
+// drops, envd's /health says it is not running, and they raise
+// TimeoutError saying so.
+const killedError = (err) => {
+  assert.equal(err.name, 'TimeoutError', String(err))
+  assert.match(err.message, /killed/)
+  return true
+}
+
+test('a command waited on while its sandbox is killed: the SDK\'s TimeoutError', async () => {
+  const sbx = await Sandbox.create()
+  try {
+    const fg = sbx.commands.run('sleep 600')
+    const bg = await sbx.commands.run('sleep 601', { background: true })
+    await waitFor(async () => (await sbx.commands.list()).some((p) => p.args.includes('sleep 600')), 20000, 'sleep 600 to run')
+    assert.equal(await Sandbox.kill(sbx.sandboxId), true)
+    await assert.rejects(fg, (err) => {
+      assert.ok(err instanceof TimeoutError, String(err))
+      assert.match(err.message, /killed or reached its end of life/)
+      return true
+    })
+    await assert.rejects(bg.wait(), killedError)
+  } finally {
+    await sbx.kill().catch(() => {})
+  }
+})
+
+test('runCode while its sandbox is killed fails, not an empty execution', { timeout: 120000 }, async () => {
+  const sbx = await CodeInterpreter.create()
+  try {
+    assert.equal((await sbx.runCode('1 + 1')).text, '2')
+    let started = false
+    const cell = sbx.runCode('import time\nprint("sleeping", flush=True)\ntime.sleep(600)', { onStdout: () => { started = true } })
+    await waitFor(() => started, 20000, 'the cell to start')
+    assert.equal(await CodeInterpreter.kill(sbx.sandboxId), true)
+    await assert.rejects(cell, killedError)
+  } finally {
+    await sbx.kill().catch(() => {})
+  }
+})
