@@ -169,3 +169,34 @@ test('runCode while its sandbox is killed fails, not an empty execution', { time
     await sbx.kill().catch(() => {})
   }
 })
+
+test('getMetrics({start, end}): the samples in the range, with CPU, memory and disk', { timeout: 120000 }, async () => {
+  await withSandbox(async (sbx) => {
+    const t0 = new Date()
+    await sbx.commands.run('head -c 20000000 /dev/urandom > /home/user/blob')
+    await sbx.commands.run('timeout 12 sh -c "while :; do :; done"', { background: true })
+    await new Promise((r) => setTimeout(r, 13000))
+    const t1 = new Date()
+    const all = await sbx.getMetrics({ start: t0, end: t1 })
+    assert.ok(all.length >= 2, `samples in 13 s: ${JSON.stringify(all)}`)
+    for (let i = 0; i < all.length; i++) {
+      const m = all[i]
+      assert.ok(m.timestamp.getTime() >= t0.getTime() - 1000 && m.timestamp.getTime() <= t1.getTime() + 1000, `${m.timestamp} outside [${t0}, ${t1}]`)
+      if (i > 0) assert.ok(m.timestamp >= all[i - 1].timestamp, 'oldest first')
+      assert.equal(m.cpuCount, 1)
+      assert.ok(m.memTotal > 0 && m.memUsed > 0 && m.diskTotal > 0 && m.diskUsed > 0, JSON.stringify(m))
+    }
+    assert.ok(all.some((m) => m.cpuUsedPct > 50), `a busy loop ran: ${JSON.stringify(all)}`)
+    assert.ok(all[all.length - 1].diskUsed > 20000000, `the 20 MB blob: ${JSON.stringify(all)}`)
+
+    // The range is honoured: the first seconds only, and nothing before
+    // the sandbox was made.
+    const early = await sbx.getMetrics({ start: t0, end: new Date(t0.getTime() + 6000) })
+    assert.ok(early.length >= 1 && early.length < all.length, `first 6 s: ${early.length} of ${all.length}`)
+    assert.ok(early.every((m) => m.timestamp.getTime() <= t0.getTime() + 7000))
+    assert.deepEqual(await sbx.getMetrics({ start: new Date(t0.getTime() - 3600_000), end: new Date(t0.getTime() - 1800_000) }), [])
+    // Without a range: one sample, now.
+    const [now] = await sbx.getMetrics()
+    assert.ok(Math.abs(now.timestamp.getTime() - Date.now()) < 5000)
+  })
+})

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -59,7 +58,7 @@ func (h *Handler) controlMux() http.Handler {
 	auth("POST /sandboxes/{id}/timeout", h.setTimeout)
 	auth("POST /sandboxes/{id}/refreshes", h.refresh)
 	auth("POST /sandboxes/{id}/pause", h.pause)
-	auth("GET /sandboxes/{id}/metrics", h.metrics)
+	auth("GET /sandboxes/{id}/metrics", h.metricsHandler)
 	auth("POST /sandboxes/{id}/snapshots", h.createSnapshot)
 	auth("GET /snapshots", h.listSnapshots)
 	auth("DELETE /templates/{id}", h.deleteSnapshot)
@@ -263,6 +262,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 		h.writeError(w, r, err)
 		return
 	}
+	h.metrics.track(sb.ID)
 	writeJSON(w, http.StatusCreated, h.sandboxJSON(sb))
 }
 
@@ -319,6 +319,7 @@ func (h *Handler) forget(id string) {
 	delete(h.interpState.sandboxes, id)
 	h.interpState.mu.Unlock()
 	h.watchers.forget(id)
+	h.metrics.forget(id)
 }
 
 type timeoutBody struct {
@@ -355,6 +356,7 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, c sandbox.Call
 			return
 		}
 	}
+	h.metrics.track(sb.ID)
 	writeJSON(w, status, h.sandboxJSON(sb))
 }
 
@@ -543,31 +545,6 @@ func (h *Handler) listV1(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	}
 	r.URL.RawQuery = q.Encode()
 	h.list(w, r, c)
-}
-
-// metrics answers one sample: the guest's CPU, memory and disk use
-// (Service.Usage) while it runs, the sandbox's limits otherwise.
-func (h *Handler) metrics(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
-	sb, err := h.live(r, c)
-	if err != nil {
-		h.writeError(w, r, err)
-		return
-	}
-	u := sandbox.Usage{At: time.Now().UTC()}
-	u.CPUCount, u.MemTotal, u.DiskTotal = sb.CPU, int64(sb.MemoryMB)<<20, int64(diskSizeMB)<<20
-	if sb.State == sandbox.StateRunning {
-		if got, err := h.svc.Usage(r.Context(), c, sb.ID); err == nil {
-			u = got
-		} else {
-			h.log.Warn("e2b metrics", "sandbox", sb.ID, "err", err)
-		}
-	}
-	writeJSON(w, http.StatusOK, []map[string]any{{
-		"timestamp": u.At.Format(time.RFC3339), "timestampUnix": u.At.Unix(),
-		"cpuCount": u.CPUCount, "cpuUsedPct": math.Round(u.CPUUsedPct*10) / 10,
-		"memUsed": u.MemUsed, "memTotal": u.MemTotal, "memCache": u.MemCache,
-		"diskUsed": u.DiskUsed, "diskTotal": u.DiskTotal,
-	}})
 }
 
 type snapshotJSON struct {
