@@ -200,3 +200,26 @@ test('getMetrics({start, end}): the samples in the range, with CPU, memory and d
     assert.ok(Math.abs(now.timestamp.getTime() - Date.now()) < 5000)
   })
 })
+
+test('pause({keepMemory: false}): files kept, the resume boots fresh', { timeout: 240000 }, async () => {
+  await withSandbox(async (sbx) => {
+    await sbx.files.write('/home/user/kept.txt', 'kept')
+    await sbx.commands.run('mkdir -p /home/user/d && echo deep > /home/user/d/e.txt && rm -f /home/user/.bashrc')
+    const bootId = async (s) => (await s.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout
+    const boot = await bootId(sbx)
+    const bg = await sbx.commands.run('sleep 600', { background: true })
+    assert.equal(await sbx.pause({ keepMemory: false }), true)
+    assert.equal((await sbx.getInfo()).state, 'paused')
+    assert.equal(await sbx.pause({ keepMemory: false }), false) // already paused
+
+    const again = await Sandbox.connect(sbx.sandboxId)
+    assert.equal((await again.getInfo()).state, 'running')
+    assert.equal(await again.files.read('/home/user/kept.txt'), 'kept')
+    assert.equal(await again.files.read('/home/user/d/e.txt'), 'deep\n')
+    assert.equal(await again.files.exists('/home/user/.bashrc'), false)
+    assert.notEqual(await bootId(again), boot)
+    const procs = await again.commands.list()
+    assert.ok(!procs.some((p) => p.args.includes('sleep 600')), `sleep ${bg.pid} outlived a files-only pause: ${JSON.stringify(procs)}`)
+    assert.equal((await again.commands.run('echo alive; whoami')).stdout, 'alive\nuser\n')
+  })
+})

@@ -423,7 +423,13 @@ func (h *Handler) pause(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 	}
 	sb, err := h.live(r, c)
 	if err == nil {
-		_, err = h.svc.Pause(r.Context(), c, sb.ID)
+		if b.Memory != nil && !*b.Memory {
+			// keepMemory: false: the files only; the resume boots
+			// fresh from them.
+			_, err = h.svc.PauseFiles(r.Context(), c, sb.ID)
+		} else {
+			_, err = h.svc.Pause(r.Context(), c, sb.ID)
+		}
 	}
 	if err != nil {
 		h.writeError(w, r, err)
