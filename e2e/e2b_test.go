@@ -60,7 +60,7 @@ func TestE2BSDK(t *testing.T) {
 	// The suite starts with the python-data pool full: code-interpreter
 	// sandboxes are claimed warm (their identity, env and all, delivered
 	// at the claim) as well as created cold once the pool is empty.
-	waitFor(t, "the python-data pool to fill", 60*time.Second, func() bool { return poolReady(t, s, "python-data") == 1 })
+	waitFor(t, "the python-data pool to fill", 3*time.Minute, func() bool { return poolReady(t, s, "python-data") == 1 })
 	out, err := cmd.CombinedOutput()
 	t.Logf("node --test:\n%s", out)
 	if err != nil {
