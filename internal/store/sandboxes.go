@@ -62,6 +62,13 @@ type SandboxFilter struct {
 	Metadata map[string]string // only sandboxes whose metadata has every pair
 	Limit    int               // page size; 0 means DefaultListLimit, capped at MaxListLimit
 	After    string            // cursor returned by the previous page
+	// Templates, when set, keeps only sandboxes of one of these templates.
+	Templates []string
+	// CreatedFrom, when set, keeps only sandboxes created at or after it.
+	CreatedFrom time.Time
+	// Newest lists the newest first (E2B's order); the default is oldest
+	// first. A cursor continues the order of the page it came from.
+	Newest bool
 }
 
 // Page sizes of ListSandboxes.
@@ -210,19 +217,33 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, 
 		where = append(where, s.dia.metadataMatch())
 		args = append(args, k, v)
 	}
+	if len(f.Templates) > 0 {
+		where = append(where, "template IN ("+placeholders(len(f.Templates))+")")
+		for _, t := range f.Templates {
+			args = append(args, t)
+		}
+	}
+	if !f.CreatedFrom.IsZero() {
+		where = append(where, "created_at >= ?")
+		args = append(args, toNanos(f.CreatedFrom))
+	}
+	cmp, order := ">", " ORDER BY created_at, id LIMIT ?"
+	if f.Newest {
+		cmp, order = "<", " ORDER BY created_at DESC, id DESC LIMIT ?"
+	}
 	if f.After != "" {
 		created, id, err := decodeCursor(f.After)
 		if err != nil {
 			return nil, "", err
 		}
-		where = append(where, "(created_at > ? OR (created_at = ? AND id > ?))")
+		where = append(where, "(created_at "+cmp+" ? OR (created_at = ? AND id "+cmp+" ?))")
 		args = append(args, created, created, id)
 	}
 	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
-	q += " ORDER BY created_at, id LIMIT ?"
+	q += order
 	args = append(args, limit+1) // one more tells whether there is a next page
 
 	// Built from the filter: unprepared, never cached.

@@ -222,11 +222,14 @@ func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string, st 
 	inst.mu.Unlock()
 	cfg := buildSpec(spec, inst.runDir(), auth)
 	if image != "" {
-		recorded, err := checkpointMounts(image)
+		recorded, err := checkpointSpec(image)
 		if err != nil {
 			return nil, err
 		}
-		cfg.Mounts = conformMounts(cfg.Mounts, recorded)
+		cfg.Mounts = conformMounts(cfg.Mounts, recorded.Mounts)
+		// A checkpoint taken with noNewPrivileges (before setuid was
+		// allowed) restores with it: runsc compares the process spec.
+		cfg.Process.NoNewPrivileges = recorded.Process.NoNewPrivileges
 	}
 	cfgJSON, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
@@ -376,6 +379,9 @@ func (d *Driver) createFlags(spec driver.Spec) []string {
 		"--gofer-network-namespace=new",
 		"--platform=" + d.cfg.Platform,
 		"--host-uds=open",
+		// setuid programs (sudo) raise privileges inside the sandbox,
+		// as on Linux; see NoNewPrivileges in buildSpec.
+		"--allow-suid",
 		fmt.Sprintf("--overlay2=root:dir=%s,size=%dm", filepath.Join(spec.StateDir, "upper"), spec.DiskMB),
 	}
 }

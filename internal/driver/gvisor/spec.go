@@ -154,7 +154,13 @@ func buildSpec(s driver.Spec, hostRunDir string, auth bool) ociSpec {
 				{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536},
 				{Type: "RLIMIT_NPROC", Hard: nprocLimit(s), Soft: nprocLimit(s)},
 			},
-			NoNewPrivileges: true,
+			// Off so that setuid programs (sudo: the sandbox user has
+			// passwordless sudo, as in E2B) work inside the sandbox. It
+			// is a flag of the sandbox's own kernel: root in the sandbox
+			// is what the agent already is (and what a command run as
+			// root gets), with the capability set above, so it changes
+			// nothing at the boundary (docs/SECURITY.md).
+			NoNewPrivileges: false,
 		},
 		Root:     ociRoot{Path: s.Rootfs, Readonly: false},
 		Hostname: s.Hostname,
