@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -393,4 +394,51 @@ func TestMCPStdio(t *testing.T) {
 		}
 	}
 	call(t, ctx, cs, "sandbox_kill", map[string]any{"sandbox_id": id})
+}
+
+// TestMCPTypeScriptSDK: the official MCP TypeScript SDK client (pinned in
+// e2e/mcp/package.json) lists the tools, runs a command in a new sandbox
+// and reads its output resource over /mcp (e2e/mcp/client.mjs).
+func TestMCPTypeScriptSDK(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real sandboxes and Node")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node not found on PATH: %v", err)
+	}
+	dir, err := filepath.Abs("mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	npmInstallFor(t, dir, "@modelcontextprotocol/sdk")
+	s := startServer(t, "")
+	cmd := exec.Command(node, "client.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY="+s.teamKey("alpha"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("client.mjs: %v\n%s", err, stderr.String())
+	}
+	var got struct {
+		Tools      []string      `json:"tools"`
+		Run        mcpCommandOut `json:"run"`
+		Resource   string        `json:"resource"`
+		BadIsError bool          `json:"badIsError"`
+		BadText    string        `json:"badText"`
+	}
+	if err := json.Unmarshal(stdout, &got); err != nil {
+		t.Fatalf("client.mjs printed %q: %v", stdout, err)
+	}
+	if len(got.Tools) != 11 || !slices.Contains(got.Tools, "command_run") || !slices.Contains(got.Tools, "code_run") {
+		t.Errorf("tools seen by the TypeScript client: %v", got.Tools)
+	}
+	if got.Run.Stdout != "from typescript\nLinux\n" || got.Run.ExitCode != 0 || got.Resource != got.Run.Stdout {
+		t.Errorf("command_run from TypeScript: %+v, resource %q", got.Run, got.Resource)
+	}
+	if !got.BadIsError || !strings.Contains(got.BadText, "command") {
+		t.Errorf("command_run without a command from TypeScript: isError=%v %q", got.BadIsError, got.BadText)
+	}
 }
