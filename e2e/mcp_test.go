@@ -442,3 +442,26 @@ func TestMCPTypeScriptSDK(t *testing.T) {
 		t.Errorf("command_run without a command from TypeScript: isError=%v %q", got.BadIsError, got.BadText)
 	}
 }
+
+// TestMCPAcrossRestart: /mcp keeps no session in the server, so a client
+// connected before a restart goes on calling tools after it.
+func TestMCPAcrossRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real sandboxes")
+	}
+	s := startServer(t, "", "--listen", freeAddr(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	key := s.teamKey("alpha")
+	cs := mcpConnect(t, ctx, s, key)
+	call(t, ctx, cs, "sandbox_list", nil)
+	url := s.url
+	s.stop(false)
+	s.start()
+	if s.url != url {
+		t.Fatalf("restarted on %s, not %s", s.url, url)
+	}
+	if text, _ := call(t, ctx, cs, "sandbox_list", nil); !strings.Contains(text, `"sandboxes"`) {
+		t.Errorf("sandbox_list after the restart: %s", text)
+	}
+}

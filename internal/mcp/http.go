@@ -38,6 +38,11 @@ func Handler(api http.Handler, requireKey func(http.Handler) http.Handler, versi
 	srv := New(backend, version)
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Logger: log,
+		// Stateless: no session lives in this process, so a client goes on
+		// across a server restart and behind a load balancer over several
+		// servers (one store); every request carries its key. The tools
+		// send the client no requests of their own.
+		Stateless: true,
 		// The API is not a localhost-only service: it is reached by the
 		// names it is served under, and a valid API key is required.
 		DisableLocalhostProtection: true,
