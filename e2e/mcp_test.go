@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	space "github.com/spacesandbox/space/sdk/go"
 )
 
 // bearer adds an API key to every request of the MCP client.
@@ -464,4 +466,65 @@ func TestMCPAcrossRestart(t *testing.T) {
 	if text, _ := call(t, ctx, cs, "sandbox_list", nil); !strings.Contains(text, `"sandboxes"`) {
 		t.Errorf("sandbox_list after the restart: %s", text)
 	}
+}
+
+// BenchmarkMCP compares a `true` command through /mcp (command_run, the
+// Go SDK's client over HTTP, then /v1 in process) with the same exec on
+// /v1 directly, and file_read with GET /files, on one sandbox:
+//
+//	go test ./e2e/ -run '^$' -bench BenchmarkMCP -benchtime 50x
+func BenchmarkMCP(b *testing.B) {
+	s := startServer(b, "")
+	ctx := context.Background()
+	key := s.teamKey("alpha")
+	c := mcp.NewClient(&mcp.Implementation{Name: "space-bench", Version: "1"}, nil)
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: s.url + "/mcp", HTTPClient: &http.Client{Transport: bearer{key}}}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cs.Close()
+	api := space.NewClient(s.url, key)
+	sb, err := api.CreateSandbox(ctx, space.CreateSandboxRequest{TimeoutS: 600})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := api.WriteFile(ctx, sb.ID, "/home/user/f.txt", strings.NewReader("hello")); err != nil {
+		b.Fatal(err)
+	}
+	tool := func(name string, args map[string]any) func(*testing.B) {
+		return func(b *testing.B) {
+			for b.Loop() {
+				res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+				if err != nil || res.IsError {
+					b.Fatalf("%s: %v %v", name, err, res)
+				}
+			}
+		}
+	}
+	b.Run("v1_exec_true", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := api.Exec(ctx, sb.ID, space.ExecRequest{Shell: "true"}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("v1_exec_true_timeout_60s", func(b *testing.B) { // what command_run sends
+		for b.Loop() {
+			if _, err := api.Exec(ctx, sb.ID, space.ExecRequest{Shell: "true", TimeoutS: 60}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("mcp_command_run_true", tool("command_run", map[string]any{"sandbox_id": sb.ID, "command": "true"}))
+	b.Run("v1_read_file", func(b *testing.B) {
+		for b.Loop() {
+			rc, err := api.ReadFile(ctx, sb.ID, "/home/user/f.txt")
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, rc)
+			rc.Close()
+		}
+	})
+	b.Run("mcp_file_read", tool("file_read", map[string]any{"sandbox_id": sb.ID, "path": "/home/user/f.txt"}))
 }
