@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -24,6 +25,8 @@ type kernelMsg struct {
 	PNG       string `json:"png"`
 	JPEG      string `json:"jpeg"`
 	SVG       string `json:"svg"`
+	Markdown  string `json:"markdown"`
+	HTML      string `json:"html"`
 	Name      string `json:"name"`
 	Value     string `json:"value"`
 	Traceback string `json:"traceback"`
@@ -89,8 +92,9 @@ func codeResult(id string, res *space.ExecResult) *mcp.CallToolResult {
 		case "stderr":
 			stderr.WriteString(m.Text)
 		case "result":
-			if m.Text != "" {
-				content = append(content, &mcp.TextContent{Text: m.Text})
+			// The plain text of a result, else its richest text form.
+			if text := cmp.Or(m.Text, m.Markdown, m.HTML); text != "" {
+				content = append(content, &mcp.TextContent{Text: text})
 			}
 			for _, img := range []struct{ data, mime string }{{m.PNG, "image/png"}, {m.JPEG, "image/jpeg"}} {
 				if img.data == "" {

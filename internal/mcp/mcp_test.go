@@ -53,6 +53,7 @@ func TestCodeResult(t *testing.T) {
 		msg(`{"type":"stderr","text":"warn\n"}`) +
 		msg(`{"type":"result","text":"<Figure>","png":"`+base64.StdEncoding.EncodeToString(png)+`"}`) +
 		msg(`{"type":"result","text":"42","is_main_result":true}`) +
+		msg(`{"type":"result","markdown":"**bold**"}`) +
 		msg(`{"type":"end_of_execution"}`)
 	r := codeResult("sb-x", &space.ExecResult{PID: 3, Stdout: []byte(out)})
 	if r.IsError {
@@ -68,7 +69,7 @@ func TestCodeResult(t *testing.T) {
 			img = c
 		}
 	}
-	if got := strings.Join(texts, "|"); got != "stdout:\nraw line\nhello\n|stderr:\nwarn\n|<Figure>|42" {
+	if got := strings.Join(texts, "|"); got != "stdout:\nraw line\nhello\n|stderr:\nwarn\n|<Figure>|42|**bold**" {
 		t.Errorf("texts: %q", got)
 	}
 	if img == nil || img.MIMEType != "image/png" || string(img.Data) != string(png) {
