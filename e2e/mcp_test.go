@@ -396,6 +396,24 @@ func TestMCPStdio(t *testing.T) {
 		}
 	}
 	call(t, ctx, cs, "sandbox_kill", map[string]any{"sandbox_id": id})
+
+	// A wrong key: said on stderr at start; the tools answer the API's
+	// 401 as tool errors.
+	bad := exec.Command(spaceBin(t), "mcp")
+	bad.Env = append(os.Environ(), "SPACE_URL="+s.url, "SPACE_API_KEY=sk_space_wrong")
+	var stderr bytes.Buffer
+	bad.Stderr = &stderr
+	bcs, err := c.Connect(ctx, &mcp.CommandTransport{Command: bad}, nil)
+	if err != nil {
+		t.Fatalf("connect to space mcp with a wrong key: %v", err)
+	}
+	if msg := callErr(t, ctx, bcs, "sandbox_list", nil); !strings.Contains(msg, "invalid API key") {
+		t.Errorf("sandbox_list with a wrong key: %q", msg)
+	}
+	bcs.Close()
+	if !strings.Contains(stderr.String(), "space mcp: warning: "+s.url) || !strings.Contains(stderr.String(), "invalid API key") {
+		t.Errorf("stderr of space mcp with a wrong key: %q", stderr.String())
+	}
 }
 
 // TestMCPTypeScriptSDK: the official MCP TypeScript SDK client (pinned in

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 
 	sdkmcp "github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
@@ -25,6 +26,13 @@ func (a *app) mcpCommand() *cobra.Command {
 			c, err := a.sdk()
 			if err != nil {
 				return err
+			}
+			// A wrong URL or key is said at once on stderr (what an agent
+			// logs of its MCP servers); the server runs anyway, so an
+			// agent started before the space server still gets its
+			// tools once that server is up.
+			if _, err := c.ListSandboxes(cmd.Context(), space.ListOptions{Limit: 1}); err != nil {
+				fmt.Fprintf(a.stderr, "space mcp: warning: %s: %s\n", c.BaseURL(), a.explain(err))
 			}
 			srv := mcp.New(func(context.Context, *sdkmcp.RequestExtra) (*space.Client, error) { return c, nil }, version())
 			return srv.Run(cmd.Context(), &sdkmcp.StdioTransport{})
