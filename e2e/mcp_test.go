@@ -199,6 +199,12 @@ func TestMCP(t *testing.T) {
 		t.Errorf("output resource %s: %+v %v", out.OutputURI, c, err)
 	}
 
+	// timeout_s kills the command; the result says so.
+	text, _ = call(t, ctx, alpha, "command_run", map[string]any{"sandbox_id": id, "command": "echo started; sleep 60", "timeout_s": 1})
+	if out := decodeText[mcpCommandOut](t, text); out.Stdout != "started\n" || !strings.Contains(text, `"error": "timeout"`) {
+		t.Errorf("command_run past its timeout: %s", text)
+	}
+
 	// Truncation: 100000 bytes of output come back as the first and last
 	// 8 KiB around a marker naming the resource, which has all of it.
 	text, _ = call(t, ctx, alpha, "command_run", map[string]any{"sandbox_id": id, "command": "head -c 50000 /dev/zero | tr '\\0' a; head -c 50000 /dev/zero | tr '\\0' b"})
