@@ -24,7 +24,6 @@ const inProcessURL = "http://space.internal"
 // handler in the API's own key check (httpapi.API.RequireKey), so a
 // request without a valid key is answered 401 before MCP sees it.
 func Handler(api http.Handler, requireKey func(http.Handler) http.Handler, version string, log *slog.Logger) http.Handler {
-	hc := &http.Client{Transport: handlerTransport{api}}
 	backend := func(ctx context.Context, extra *mcp.RequestExtra) (*space.Client, error) {
 		if extra == nil || extra.Header == nil {
 			return nil, errors.New("no API key")
@@ -33,6 +32,7 @@ func Handler(api http.Handler, requireKey func(http.Handler) http.Handler, versi
 		if key == "" {
 			return nil, errors.New("no API key: send Authorization: Bearer <api key>")
 		}
+		hc := &http.Client{Transport: handlerTransport{h: api, remote: extra.Header.Get(remoteHeader)}}
 		return space.NewClient(inProcessURL, key, space.WithHTTPClient(hc), space.WithUserAgent("space-mcp")), nil
 	}
 	srv := New(backend, version)
@@ -47,18 +47,32 @@ func Handler(api http.Handler, requireKey func(http.Handler) http.Handler, versi
 		// names it is served under, and a valid API key is required.
 		DisableLocalhostProtection: true,
 	})
-	return requireKey(h)
+	// The /v1 calls carry the MCP client's address, set here (whatever
+	// the client sent in this header is replaced).
+	withRemote := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Set(remoteHeader, r.RemoteAddr)
+		h.ServeHTTP(w, r)
+	})
+	return requireKey(withRemote)
 }
+
+// remoteHeader carries an /mcp request's RemoteAddr to the /v1 calls its
+// tools make.
+const remoteHeader = "X-Space-Mcp-Remote-Addr"
 
 // handlerTransport runs requests through an http.Handler in process,
 // streaming the response body through a pipe.
-type handlerTransport struct{ h http.Handler }
+type handlerTransport struct {
+	h      http.Handler
+	remote string // the requests' RemoteAddr
+}
 
 func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, cancel := context.WithCancel(req.Context())
 	r := req.Clone(ctx)
 	r.RequestURI = req.URL.RequestURI()
-	r.RemoteAddr = "127.0.0.1:0"
+	r.RemoteAddr = t.remote
+	r.Header.Del(remoteHeader)
 	if r.Body == nil {
 		r.Body = http.NoBody
 	}

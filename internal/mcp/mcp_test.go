@@ -111,7 +111,7 @@ func TestHandlerTransport(t *testing.T) {
 	step := make(chan struct{})
 	cancelled := make(chan struct{})
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer k" || r.URL.Path != "/v1/x" || r.URL.Query().Get("q") != "1" {
+		if r.Header.Get("Authorization") != "Bearer k" || r.URL.Path != "/v1/x" || r.URL.Query().Get("q") != "1" || r.RemoteAddr != "192.0.2.7:4242" {
 			http.Error(w, "bad request "+r.URL.String(), 400)
 			return
 		}
@@ -125,7 +125,7 @@ func TestHandlerTransport(t *testing.T) {
 		<-r.Context().Done()
 		close(cancelled)
 	})
-	hc := &http.Client{Transport: handlerTransport{h}}
+	hc := &http.Client{Transport: handlerTransport{h: h, remote: "192.0.2.7:4242"}}
 	req, _ := http.NewRequest("POST", inProcessURL+"/v1/x?q=1", strings.NewReader("payload"))
 	req.Header.Set("Authorization", "Bearer k")
 	resp, err := hc.Do(req)
@@ -151,7 +151,7 @@ func TestHandlerTransport(t *testing.T) {
 	block := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	req, _ = http.NewRequestWithContext(ctx, "GET", inProcessURL+"/", nil)
 	cancel()
-	if _, err := (&http.Client{Transport: handlerTransport{block}}).Do(req); err == nil {
+	if _, err := (&http.Client{Transport: handlerTransport{h: block}}).Do(req); err == nil {
 		t.Error("cancelled request succeeded")
 	}
 }
