@@ -104,7 +104,14 @@ func e2bServer(t *testing.T) (node, dir string, s *server, addr string) {
 // npmInstall installs e2e/e2b's pinned packages unless they are there.
 func npmInstall(t *testing.T, dir string) {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); err == nil {
+	npmInstallFor(t, dir, "e2b")
+}
+
+// npmInstallFor installs dir's pinned packages (npm ci from its lockfile)
+// unless package pkg is already in its node_modules.
+func npmInstallFor(t *testing.T, dir, pkg string) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err == nil {
 		return
 	}
 	npm, err := exec.LookPath("npm")

@@ -120,6 +120,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.securityCommand(),
 		a.benchCommand(),
 		a.serveCommand(),
+		a.mcpCommand(),
 		a.versionCommand(),
 	)
 	return root

@@ -369,3 +369,10 @@ func decode(r *http.Request, v any) error {
 	}
 	return nil
 }
+
+// RequireKey serves h only for requests with a valid API key, checked as
+// every /v1 route checks it (the same 401 JSON answer without one). The
+// MCP endpoint uses it; its tool calls then run through /v1 themselves.
+func (a *API) RequireKey(h http.Handler) http.Handler {
+	return a.authed(func(w http.ResponseWriter, r *http.Request, _ sandbox.Caller) { h.ServeHTTP(w, r) })
+}

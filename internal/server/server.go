@@ -32,6 +32,7 @@ import (
 	"github.com/spacesandbox/space/internal/e2b"
 	"github.com/spacesandbox/space/internal/filelock"
 	"github.com/spacesandbox/space/internal/httpapi"
+	spacemcp "github.com/spacesandbox/space/internal/mcp"
 	"github.com/spacesandbox/space/internal/sandbox"
 	"github.com/spacesandbox/space/internal/security"
 	"github.com/spacesandbox/space/internal/snapshot"
@@ -234,7 +235,12 @@ func Run(ctx context.Context, cfg Config) error {
 	// template build an admin started, a long exec stream).
 	reqCtx, cancelRequests := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRequests()
-	srv := NewHTTPServer(api)
+	// /mcp: the MCP tools, each call run through the API above in
+	// process with the request's own key (internal/mcp).
+	root := http.NewServeMux()
+	root.Handle("/mcp", spacemcp.Handler(api, api.RequireKey, "", log))
+	root.Handle("/", api)
+	srv := NewHTTPServer(root)
 	srv.BaseContext = func(net.Listener) context.Context { return reqCtx }
 	url := "http://" + ln.Addr().String()
 	if err := writeServeFile(cfg.DataDir, url); err != nil {
