@@ -13,6 +13,14 @@ import (
 // Pause freezes every process of a running sandbox: it uses no CPU until
 // Resume, and its processes, memory and files stay exactly as they were.
 // Pausing a paused sandbox is a 409 with the current state.
+//
+// The freeze comes first and the call returns once it is done: nothing
+// the sandbox does after the answer happens. The rolling history's
+// checkpoint (Snapshots.CheckpointOnPause) is then taken of the frozen
+// sandbox in the background: its timeline entry is "creating" when Pause
+// answers and becomes ready (or failed, which leaves the sandbox paused)
+// once stored. The sandbox's operation lock is held until then, so a
+// Resume or a kill waits for the checkpoint and comes after it.
 func (s *Service) Pause(ctx context.Context, c Caller, id string) (store.Sandbox, error) {
 	return s.pause(ctx, c, id, false)
 }
@@ -29,29 +37,78 @@ func (s *Service) pause(ctx context.Context, c Caller, id string, timedOut bool)
 		return sb, errdefs.NotSupported("driver %s cannot pause", sb.Driver)
 	}
 	l.lockOp()
-	defer l.opMu.Unlock()
+	unlock := l.opMu.Unlock // nil once the background checkpoint owns the lock
+	defer func() {
+		if unlock != nil {
+			unlock()
+		}
+	}()
 	ctx = context.WithoutCancel(ctx)
+	// Another pause (or a kill) may have run while this one waited for
+	// the lock: the freeze below must not follow it.
+	if cur, err := s.store.GetSandbox(ctx, id); err == nil && cur.State != StateRunning {
+		return cur, stateConflict(cur.State, "sandbox %s is %s", id, cur.State)
+	}
+	checkpoint := s.snaps != nil && s.snaps.CheckpointOnPause
+	var exportErr error
+	if checkpoint {
+		if _, ok := l.inst.(driver.UpperExporter); ok {
+			// Asked before the freeze, since a frozen agent cannot
+			// answer (one round trip for its disk and memory use).
+			exportErr = s.checkExport(ctx, sb, l)
+		}
+	}
+	if err := l.inst.Pause(ctx); err != nil {
+		return sb, fmt.Errorf("pause: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	thaw := func() {
+		if err := l.inst.Resume(ctx); err != nil {
+			s.log.Error("resume after a failed pause", "sandbox", id, "err", err)
+		}
+	}
 	if err := s.store.UpdateSandboxState(ctx, id, []string{StateRunning}, StatePaused, ""); err != nil {
+		thaw()
 		return sb, s.asStateError(ctx, id, err)
 	}
 	if timedOut {
 		if err := s.store.ClearExpiryIfPaused(ctx, id); err != nil {
 			_ = s.store.UpdateSandboxState(ctx, id, []string{StatePaused}, StateRunning, "")
+			thaw() // still expired: the reaper tries again
 			return sb, err
 		}
 	}
-	if s.onPause != nil {
-		s.onPause(ctx, sb) // the rolling history's checkpoint, taken while it is still live
-	}
-	if err := l.inst.Pause(ctx); err != nil {
-		_ = s.store.UpdateSandboxState(ctx, id, []string{StatePaused}, StateRunning, "")
-		if timedOut {
-			_ = s.store.SetSandboxExpiry(ctx, id, sb.ExpiresAt) // still expired: the reaper tries again
-		}
-		return sb, fmt.Errorf("pause: %v: %w", err, errdefs.ErrUnavailable)
-	}
 	s.log.Info("sandbox paused", "sandbox", id)
+	if checkpoint {
+		s.checkpointPaused(ctx, sb, l, exportErr, &unlock)
+	}
 	return s.store.GetSandbox(ctx, id)
+}
+
+// checkpointPaused records the rolling history's checkpoint of a sandbox
+// just frozen and stores it in the background, which takes over the
+// operation lock (*unlock becomes nil) and releases it when done.
+func (s *Service) checkpointPaused(ctx context.Context, sb store.Sandbox, l *live, exportErr error, unlock *func()) {
+	p, err := s.beginSnapshot(ctx, sb, l, KindCheckpoint, "", true)
+	if err != nil {
+		s.log.Warn("checkpoint on pause not taken", "sandbox", sb.ID, "err", err)
+		return
+	}
+	if exportErr != nil {
+		_, _ = p.fail(ctx, exportErr)
+		return
+	}
+	release := *unlock
+	if !s.background(func() {
+		defer release()
+		start := s.now()
+		if _, err := p.finish(s.bg); err == nil {
+			s.log.Info("checkpoint of the paused sandbox stored", "sandbox", sb.ID, "snapshot", p.rec.ID, "ms", s.now().Sub(start).Milliseconds())
+		}
+	}) {
+		_, _ = p.fail(ctx, errdefs.Unavailable("the server is shutting down"))
+		return
+	}
+	*unlock = nil
 }
 
 // Resume thaws a paused sandbox.

@@ -89,10 +89,6 @@ type Service struct {
 	// closing is set by Shutdown.
 	closing atomic.Bool
 
-	// onPause, when set, runs before a sandbox is frozen (the rolling
-	// history takes its checkpoint there).
-	onPause func(ctx context.Context, sb store.Sandbox)
-
 	poolsMu sync.Mutex
 	pools   *pools // read through poolSet
 	poolCtx context.Context
