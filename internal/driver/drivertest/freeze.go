@@ -11,10 +11,10 @@ import (
 	"github.com/spacesandbox/space/internal/driver"
 )
 
-// tickerScript counts in memory and appends "count unix-ns" to the file
+// TickerScript counts in memory and appends "count unix-ns" to the file
 // named by $1 every 20 ms, so the file is the process's history. (Shell
 // and date: the suite's templates need not have Python.)
-const tickerScript = `i=0; while :; do i=$((i+1)); echo "$i $(date +%s%N)" >> "$1"; sleep 0.02; done`
+const TickerScript = `i=0; while :; do i=$((i+1)); echo "$i $(date +%s%N)" >> "$1"; sleep 0.02; done`
 
 // Tick is one line the ticker wrote.
 type Tick struct {
@@ -82,7 +82,7 @@ func testPauseFreezesAtOnce(t *testing.T, s Setup, d driver.Driver) {
 	inst, c, _ := started(t, s, d)
 	ctx := t.Context()
 	const file = "/tmp/ticks"
-	if _, err := c.Start(ctx, agentproto.StartRequest{Cmd: []string{"/bin/sh", "-c", tickerScript, "ticker", file}}); err != nil {
+	if _, err := c.Start(ctx, agentproto.StartRequest{Cmd: []string{"/bin/sh", "-c", TickerScript, "ticker", file}}); err != nil {
 		t.Fatal(err)
 	}
 	read := func() []Tick {
