@@ -76,6 +76,31 @@ const ClockSlack = 2 * time.Millisecond
 // Pause's return and Resume's call: a freeze that came after Pause
 // returned shortens that silence by however long it came late.
 func testPauseFreezesAtOnce(t *testing.T, s Setup, d driver.Driver) {
+	testFrozen(t, s, d, nil)
+}
+
+// testCheckpointWhilePaused: a checkpoint of a paused instance (what a
+// pause's rolling-history checkpoint is) leaves it paused all along, and
+// its agent answers again after Resume.
+func testCheckpointWhilePaused(t *testing.T, s Setup, d driver.Driver) {
+	if !d.Capabilities().Has(driver.CapCheckpoint) {
+		t.Skipf("driver %s lacks %s", d.Name(), driver.CapCheckpoint)
+	}
+	testFrozen(t, s, d, func(inst driver.Instance) {
+		cp, ok := inst.(driver.Checkpointer)
+		if !ok {
+			t.Fatalf("driver %s announces %s but its instance is no Checkpointer", d.Name(), driver.CapCheckpoint)
+		}
+		if err := cp.Checkpoint(t.Context(), t.TempDir(), true); err != nil {
+			t.Fatalf("Checkpoint of the paused instance: %v", err)
+		}
+	})
+}
+
+// testFrozen runs the ticker across a pause, calling whilePaused (when
+// set) while it is paused, and checks that it made no tick from Pause's
+// return to Resume's call.
+func testFrozen(t *testing.T, s Setup, d driver.Driver, whilePaused func(driver.Instance)) {
 	if !d.Capabilities().Has(driver.CapPause) {
 		t.Skipf("driver %s lacks %s", d.Name(), driver.CapPause)
 	}
@@ -109,6 +134,9 @@ func testPauseFreezesAtOnce(t *testing.T, s Setup, d driver.Driver) {
 	}
 	acked := time.Now()
 	time.Sleep(hold) // the sandbox is held frozen this long
+	if whilePaused != nil {
+		whilePaused(inst)
+	}
 	resumed := time.Now()
 	if err := inst.Resume(ctx); err != nil {
 		t.Fatalf("Resume: %v", err)
