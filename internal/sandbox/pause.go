@@ -58,9 +58,11 @@ func (s *Service) pause(ctx context.Context, c Caller, id string, timedOut bool)
 			exportErr = s.checkExport(ctx, sb, l)
 		}
 	}
+	freezeStart := s.now()
 	if err := l.inst.Pause(ctx); err != nil {
 		return sb, fmt.Errorf("pause: %v: %w", err, errdefs.ErrUnavailable)
 	}
+	frozen := s.now()
 	thaw := func() {
 		if err := l.inst.Resume(ctx); err != nil {
 			s.log.Error("resume after a failed pause", "sandbox", id, "err", err)
@@ -77,11 +79,13 @@ func (s *Service) pause(ctx context.Context, c Caller, id string, timedOut bool)
 			return sb, err
 		}
 	}
-	s.log.Info("sandbox paused", "sandbox", id)
 	if checkpoint {
 		s.checkpointPaused(ctx, sb, l, exportErr, &unlock)
 	}
-	return s.store.GetSandbox(ctx, id)
+	out, err := s.store.GetSandbox(ctx, id)
+	s.log.Info("sandbox paused", "sandbox", id, "timed_out", timedOut,
+		"freeze_ms", frozen.Sub(freezeStart).Milliseconds(), "after_freeze_ms", s.now().Sub(frozen).Milliseconds())
+	return out, err
 }
 
 // checkpointPaused records the rolling history's checkpoint of a sandbox
