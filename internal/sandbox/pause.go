@@ -68,19 +68,34 @@ func (s *Service) pause(ctx context.Context, c Caller, id string, timedOut bool)
 			s.log.Error("resume after a failed pause", "sandbox", id, "err", err)
 		}
 	}
-	if err := s.store.UpdateSandboxState(ctx, id, []string{StateRunning}, StatePaused, ""); err != nil {
+	// The checkpoint's timeline entry is recorded before the state says
+	// paused: whoever sees the sandbox paused finds it there.
+	var p *pendingSnapshot
+	if checkpoint {
+		var err error
+		if p, err = s.beginSnapshot(ctx, sb, l, KindCheckpoint, "", true); err != nil {
+			s.log.Warn("checkpoint on pause not taken", "sandbox", id, "err", err)
+		}
+	}
+	abort := func(err error) {
+		if p != nil {
+			_, _ = p.fail(ctx, fmt.Errorf("the pause failed: %w", err))
+		}
 		thaw()
+	}
+	if err := s.store.UpdateSandboxState(ctx, id, []string{StateRunning}, StatePaused, ""); err != nil {
+		abort(err)
 		return sb, s.asStateError(ctx, id, err)
 	}
 	if timedOut {
 		if err := s.store.ClearExpiryIfPaused(ctx, id); err != nil {
 			_ = s.store.UpdateSandboxState(ctx, id, []string{StatePaused}, StateRunning, "")
-			thaw() // still expired: the reaper tries again
+			abort(err) // still expired: the reaper tries again
 			return sb, err
 		}
 	}
-	if checkpoint {
-		s.checkpointPaused(ctx, sb, l, exportErr, &unlock)
+	if p != nil {
+		s.checkpointPaused(ctx, p, exportErr, &unlock)
 	}
 	out, err := s.store.GetSandbox(ctx, id)
 	s.log.Info("sandbox paused", "sandbox", id, "timed_out", timedOut,
@@ -88,15 +103,11 @@ func (s *Service) pause(ctx context.Context, c Caller, id string, timedOut bool)
 	return out, err
 }
 
-// checkpointPaused records the rolling history's checkpoint of a sandbox
-// just frozen and stores it in the background, which takes over the
-// operation lock (*unlock becomes nil) and releases it when done.
-func (s *Service) checkpointPaused(ctx context.Context, sb store.Sandbox, l *live, exportErr error, unlock *func()) {
-	p, err := s.beginSnapshot(ctx, sb, l, KindCheckpoint, "", true)
-	if err != nil {
-		s.log.Warn("checkpoint on pause not taken", "sandbox", sb.ID, "err", err)
-		return
-	}
+// checkpointPaused stores the rolling history's checkpoint p of a sandbox
+// just frozen (and recorded paused) in the background, which takes over
+// the operation lock (*unlock becomes nil) and releases it when done.
+// exportErr, found before the freeze, fails it at once.
+func (s *Service) checkpointPaused(ctx context.Context, p *pendingSnapshot, exportErr error, unlock *func()) {
 	if exportErr != nil {
 		_, _ = p.fail(ctx, exportErr)
 		return
@@ -106,7 +117,7 @@ func (s *Service) checkpointPaused(ctx context.Context, sb store.Sandbox, l *liv
 		defer release()
 		start := s.now()
 		if _, err := p.finish(s.bg); err == nil {
-			s.log.Info("checkpoint of the paused sandbox stored", "sandbox", sb.ID, "snapshot", p.rec.ID, "ms", s.now().Sub(start).Milliseconds())
+			s.log.Info("checkpoint of the paused sandbox stored", "sandbox", p.sb.ID, "snapshot", p.rec.ID, "ms", s.now().Sub(start).Milliseconds())
 		}
 	}) {
 		_, _ = p.fail(ctx, errdefs.Unavailable("the server is shutting down"))
