@@ -41,12 +41,27 @@ func main() {
 	wsMB := flag.Int("workspace-mb", 1024, "workspace size for the files-snapshot figures")
 	density := flag.Int("density", 200, "idle sandboxes for the density figure (0 skips)")
 	churn := flag.Int("churn", 2000, "create→exec→destroy cycles for the churn figure (0 skips)")
+	only := flag.String("only", "", "run one group of figures alone and print it, leaving -out alone: pause")
+	nPause := flag.Int("pauses", 30, "samples of -only pause")
 	flag.Parse()
 	if *runsc == "" {
 		*runsc = filepath.Join(*cache, "runsc-"+gvisor.BuildName(), "runsc")
 	}
 	agentAbs, _ := filepath.Abs(*agent)
 	b := &bench{runsc: *runsc, cache: *cache, nState: *nState, wsMB: *wsMB, density: *density, churn: *churn}
+	switch *only {
+	case "":
+	case "pause":
+		if err := b.pauseRows(agentAbs, *nPause); err != nil {
+			fmt.Fprintln(os.Stderr, "space-bench:", err)
+			os.Exit(1)
+		}
+		fmt.Print(b.report())
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "space-bench: -only %q: the groups are: pause\n", *only)
+		os.Exit(2)
+	}
 	if err := b.run(agentAbs, *nCreate, *nExec, *nFile); err != nil {
 		fmt.Fprintln(os.Stderr, "space-bench:", err)
 		os.Exit(1)

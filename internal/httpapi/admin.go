@@ -122,11 +122,12 @@ type templateView struct {
 	SizeBytes int64     `json:"size_bytes"`
 	Status    string    `json:"status"`
 	Error     string    `json:"error,omitempty"`
+	Progress  string    `json:"progress,omitempty"`
 	BuiltAt   time.Time `json:"built_at"`
 }
 
 func viewTemplate(t store.Template) templateView {
-	return templateView{Name: t.Name, Digest: t.Digest, Kind: t.Kind, SizeBytes: t.SizeBytes, Status: t.Status, Error: t.Error, BuiltAt: t.BuiltAt}
+	return templateView{Name: t.Name, Digest: t.Digest, Kind: t.Kind, SizeBytes: t.SizeBytes, Status: t.Status, Error: t.Error, Progress: t.Progress, BuiltAt: t.BuiltAt}
 }
 
 func (a *API) listTemplates(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {

@@ -172,6 +172,39 @@ func containsNUL(s string) bool {
 	return false
 }
 
+// readyTemplate returns the record of a template ready for creates. One
+// not ready yet whose build is queued or running (a fresh server builds
+// its default template, and with the E2B API the code interpreter's, at
+// start) is waited for, at most Config.TemplateWait: then the create is
+// refused with 503, saying it still builds.
+func (s *Service) readyTemplate(ctx context.Context, name string) (store.Template, error) {
+	tpl, err := s.store.GetTemplate(ctx, name)
+	if err == nil && tpl.Status == store.TemplateReady {
+		return tpl, nil
+	}
+	if s.cfg.AwaitTemplate != nil {
+		wctx, cancel := context.WithTimeout(ctx, s.cfg.TemplateWait)
+		waited, werr := s.cfg.AwaitTemplate(wctx, name)
+		cancel()
+		if waited && werr != nil {
+			if ctx.Err() != nil {
+				return store.Template{}, ctx.Err()
+			}
+			return store.Template{}, errdefs.Unavailable("template %q is still being built (waited %s); its progress is in GET /v1/templates: try again in a minute", name, s.cfg.TemplateWait)
+		}
+		if waited {
+			tpl, err = s.store.GetTemplate(ctx, name)
+		}
+	}
+	if err != nil {
+		return store.Template{}, errdefs.NotFound("template %q not found", name)
+	}
+	if tpl.Status != store.TemplateReady {
+		return store.Template{}, errdefs.Unavailable("template %q is %s", name, tpl.Status)
+	}
+	return tpl, nil
+}
+
 // Create makes and starts a sandbox. On any failure everything it made is
 // rolled back (instance destroyed, record deleted) and the error returned.
 func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (store.Sandbox, error) {
@@ -196,12 +229,9 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	if err := s.validateNetwork(ctx, c, req.Network, req.Secrets); err != nil {
 		return store.Sandbox{}, err
 	}
-	tpl, err := s.store.GetTemplate(ctx, req.Template)
+	tpl, err := s.readyTemplate(ctx, req.Template)
 	if err != nil {
-		return store.Sandbox{}, errdefs.NotFound("template %q not found", req.Template)
-	}
-	if tpl.Status != "ready" {
-		return store.Sandbox{}, errdefs.Unavailable("template %q is %s", req.Template, tpl.Status)
+		return store.Sandbox{}, err
 	}
 	now := s.now().UTC()
 	sb := store.Sandbox{

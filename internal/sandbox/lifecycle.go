@@ -446,18 +446,19 @@ func (s *Service) retryRecover(sb store.Sandbox, d driver.Driver, h driver.Handl
 }
 
 // background runs fn in a goroutine Shutdown waits for (s.bg ends it),
-// unless Shutdown has begun.
-func (s *Service) background(fn func()) {
+// unless Shutdown has begun; it reports whether fn runs.
+func (s *Service) background(fn func()) bool {
 	s.bgMu.Lock()
 	defer s.bgMu.Unlock()
 	if s.closing.Load() {
-		return
+		return false
 	}
 	s.bgWG.Add(1)
 	go func() {
 		defer s.bgWG.Done()
 		fn()
 	}()
+	return true
 }
 
 // retryRecoverFor is how long a sandbox whose driver cannot tell whether

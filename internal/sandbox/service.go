@@ -69,6 +69,13 @@ type Config struct {
 	// Rootfs resolves a template into what a driver boots (path and
 	// RootfsKind); nil: the template directory for every driver.
 	Rootfs func(ctx context.Context, driver string, tpl store.Template) (path, kind string, err error)
+	// AwaitTemplate, when set, blocks while a build of the named template
+	// is queued or running (until ctx ends) and reports whether there was
+	// one: a create of a template not ready yet waits for it
+	// (TemplateWait at most) instead of failing at once.
+	AwaitTemplate func(ctx context.Context, name string) (bool, error)
+	// TemplateWait bounds that wait (0: 50 s).
+	TemplateWait time.Duration
 }
 
 // DefaultMaxCPU is the most CPUs a create may ask for unless
@@ -88,10 +95,6 @@ type Service struct {
 	live map[string]*live // by sandbox id
 	// closing is set by Shutdown.
 	closing atomic.Bool
-
-	// onPause, when set, runs before a sandbox is frozen (the rolling
-	// history takes its checkpoint there).
-	onPause func(ctx context.Context, sb store.Sandbox)
 
 	poolsMu sync.Mutex
 	pools   *pools // read through poolSet
@@ -217,6 +220,9 @@ func New(cfg Config, st *store.Store, drivers []driver.Driver, log *slog.Logger,
 	}
 	if cfg.MaxMemoryMB == 0 {
 		cfg.MaxMemoryMB = 16384
+	}
+	if cfg.TemplateWait == 0 {
+		cfg.TemplateWait = 50 * time.Second
 	}
 	if cfg.StoppedRetention == 0 {
 		cfg.StoppedRetention = 24 * time.Hour

@@ -50,13 +50,6 @@ func (s *Service) SetSnapshots(cfg Snapshots) {
 		cfg.Interval = 5 * time.Minute
 	}
 	s.snaps = &cfg
-	if cfg.CheckpointOnPause {
-		s.onPause = func(ctx context.Context, sb store.Sandbox) {
-			if _, err := s.takeSnapshot(ctx, sb, KindCheckpoint, "", true); err != nil {
-				s.log.Warn("checkpoint on pause failed", "sandbox", sb.ID, "err", err)
-			}
-		}
-	}
 }
 
 func newSnapshotID() string {
@@ -109,89 +102,126 @@ func (s *Service) takeSnapshotCause(ctx context.Context, sb store.Sandbox, kind,
 	if l == nil {
 		return store.Snapshot{}, errdefs.Unavailable("sandbox %s is not attached", sb.ID)
 	}
+	if _, ok := l.inst.(driver.UpperExporter); ok {
+		if err := s.checkExport(ctx, sb, l); err != nil {
+			return store.Snapshot{}, err
+		}
+	}
+	p, err := s.beginSnapshot(ctx, sb, l, kind, name, automatic)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	return p.finish(ctx)
+}
+
+// pendingSnapshot is a snapshot whose record is written (status creating)
+// and whose content is yet to be stored: finish stores it, fail records
+// why it was not. It holds the team's snapshot lock until then.
+type pendingSnapshot struct {
+	s      *Service
+	sb     store.Sandbox
+	rec    store.Snapshot
+	exp    driver.UpperExporter // nil: the driver has no file-level view
+	cp     driver.Checkpointer  // set for a checkpoint
+	unlock func()
+}
+
+// beginSnapshot checks that a snapshot of sb may be taken and records it
+// as creating. It asks the guest nothing (a pause's checkpoint begins
+// once the sandbox is frozen): checkExport is the caller's, beforehand.
+func (s *Service) beginSnapshot(ctx context.Context, sb store.Sandbox, l *live, kind, name string, automatic bool) (*pendingSnapshot, error) {
 	// A driver that cannot export its writable layer (a VM's disk is one
 	// qcow2 image) still checkpoints; such checkpoints restore and fork
 	// but have no file-level view.
 	exp, canExport := l.inst.(driver.UpperExporter)
 	if kind == KindFiles && !canExport {
-		return store.Snapshot{}, errdefs.NotSupported("driver %s cannot export its filesystem for a files snapshot", sb.Driver)
-	}
-	if canExport {
-		if err := s.checkExport(ctx, sb, l); err != nil {
-			return store.Snapshot{}, err
-		}
-	}
-	if m := s.teamSnapshotLock(ctx, sb.Team); m != nil {
-		m.Lock()
-		defer m.Unlock()
-	}
-	if err := s.snapshotRoom(ctx, sb.Team); err != nil {
-		if automatic {
-			s.log.Warn("automatic snapshot skipped", "sandbox", sb.ID, "kind", kind, "err", err)
-		}
-		return store.Snapshot{}, err
+		return nil, errdefs.NotSupported("driver %s cannot export its filesystem for a files snapshot", sb.Driver)
 	}
 	var cp driver.Checkpointer
 	if kind == KindCheckpoint {
 		var ok bool
 		if cp, ok = l.inst.(driver.Checkpointer); !ok {
-			return store.Snapshot{}, errdefs.NotSupported("driver %s cannot checkpoint", sb.Driver)
+			return nil, errdefs.NotSupported("driver %s cannot checkpoint", sb.Driver)
 		}
+	}
+	p := &pendingSnapshot{s: s, sb: sb, exp: exp, cp: cp, unlock: func() {}}
+	if m := s.teamSnapshotLock(ctx, sb.Team); m != nil {
+		m.Lock()
+		p.unlock = m.Unlock
+	}
+	if err := s.snapshotRoom(ctx, sb.Team); err != nil {
+		p.unlock()
+		if automatic {
+			s.log.Warn("automatic snapshot skipped", "sandbox", sb.ID, "kind", kind, "err", err)
+		}
+		return nil, err
 	}
 	parent := ""
 	if prev, err := s.store.ListSnapshots(ctx, sb.ID, store.SnapshotReady); err == nil && len(prev) > 0 {
 		parent = prev[len(prev)-1].ID
 	}
-	rec := store.Snapshot{
+	p.rec = store.Snapshot{
 		ID: newSnapshotID(), SandboxID: sb.ID, Team: sb.Team, Kind: kind, Name: name, Parent: parent,
 		Template: sb.Template, TemplateDigest: sb.TemplateDigest, Automatic: automatic,
 		Status: store.SnapshotCreating, CreatedAt: s.now().UTC(), RetentionDays: sb.RetentionDays,
 		CommandSeq: cause.seq, Cause: cause.text,
 	}
-	if err := s.store.CreateSnapshot(ctx, rec); err != nil {
-		return rec, err
+	if err := s.store.CreateSnapshot(ctx, p.rec); err != nil {
+		p.unlock()
+		return nil, err
 	}
-	fail := func(err error) (store.Snapshot, error) {
-		_ = s.snaps.Store.Delete(rec.ID)
-		_ = s.snaps.Store.Delete(rec.ID + filesSuffix)
-		_ = s.store.FinishSnapshot(ctx, rec.ID, store.SnapshotFailed, err.Error(), 0, 0)
-		s.log.Warn("snapshot failed", "sandbox", sb.ID, "snapshot", rec.ID, "err", err)
-		return rec, err
-	}
-	meta := snapshot.Meta{Kind: snapshot.KindFiles, Parent: parent, Name: name, CreatedAt: rec.CreatedAt,
+	return p, nil
+}
+
+// fail records why the snapshot was not taken and drops what was stored.
+func (p *pendingSnapshot) fail(ctx context.Context, err error) (store.Snapshot, error) {
+	defer p.unlock()
+	s, rec := p.s, p.rec
+	_ = s.snaps.Store.Delete(rec.ID)
+	_ = s.snaps.Store.Delete(rec.ID + filesSuffix)
+	_ = s.store.FinishSnapshot(context.WithoutCancel(ctx), rec.ID, store.SnapshotFailed, err.Error(), 0, 0)
+	s.log.Warn("snapshot failed", "sandbox", p.sb.ID, "snapshot", rec.ID, "err", err)
+	rec.Status, rec.Error = store.SnapshotFailed, err.Error()
+	return rec, err
+}
+
+// finish stores the snapshot's content and marks it ready.
+func (p *pendingSnapshot) finish(ctx context.Context) (store.Snapshot, error) {
+	s, sb, rec := p.s, p.sb, p.rec
+	meta := snapshot.Meta{Kind: snapshot.KindFiles, Parent: rec.Parent, Name: rec.Name, CreatedAt: rec.CreatedAt,
 		Labels: map[string]string{"sandbox": sb.ID, "template_digest": sb.TemplateDigest}}
 	var bytesNew, bytesTotal int64
-	if canExport {
+	if p.exp != nil {
 		// The writable layer, streamed from the driver straight into
 		// the chunk store.
 		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(exp.ExportUpper(ctx, pw)) }()
+		go func() { pw.CloseWithError(p.exp.ExportUpper(ctx, pw)) }()
 		filesID := rec.ID
-		if kind == KindCheckpoint {
+		if rec.Kind == KindCheckpoint {
 			filesID = rec.ID + filesSuffix
 		}
 		fm, err := s.snaps.Store.PutTar(ctx, filesID, pr, meta)
 		pr.CloseWithError(err)
 		if err != nil {
-			return fail(fmt.Errorf("store writable layer: %w", err))
+			return p.fail(ctx, fmt.Errorf("store writable layer: %w", err))
 		}
 		bytesNew, bytesTotal = fm.BytesNew, fm.BytesTotal
 	}
-	if kind == KindCheckpoint {
+	if rec.Kind == KindCheckpoint {
 		dir, err := os.MkdirTemp(s.tmpDir(), "checkpoint-")
 		if err != nil {
-			return fail(err)
+			return p.fail(ctx, err)
 		}
 		defer os.RemoveAll(dir)
-		if err := cp.Checkpoint(ctx, dir, true); err != nil {
-			return fail(fmt.Errorf("checkpoint: %v: %w", err, errdefs.ErrUnavailable))
+		if err := p.cp.Checkpoint(ctx, dir, true); err != nil {
+			return p.fail(ctx, fmt.Errorf("checkpoint: %v: %w", err, errdefs.ErrUnavailable))
 		}
 		meta.Kind = snapshot.KindCheckpoint
 		meta.Labels = maps.Clone(meta.Labels)
 		maps.Copy(meta.Labels, machineLabels(sb))
 		cm, err := s.snaps.Store.PutDir(ctx, rec.ID, dir, meta)
 		if err != nil {
-			return fail(fmt.Errorf("store checkpoint image: %w", err))
+			return p.fail(ctx, fmt.Errorf("store checkpoint image: %w", err))
 		}
 		bytesNew += cm.BytesNew
 		bytesTotal += cm.BytesTotal
@@ -199,13 +229,14 @@ func (s *Service) takeSnapshotCause(ctx context.Context, sb store.Sandbox, kind,
 	if err := s.store.FinishSnapshot(ctx, rec.ID, store.SnapshotReady, "", bytesNew, bytesTotal); err != nil {
 		// Its manifests must not outlive the record: nothing else would
 		// ever remove them, and GC keeps every chunk they name.
-		return fail(fmt.Errorf("record snapshot: %w", err))
+		return p.fail(ctx, fmt.Errorf("record snapshot: %w", err))
 	}
+	p.unlock()
 	rec.Status, rec.BytesNew, rec.BytesTotal = store.SnapshotReady, bytesNew, bytesTotal
-	if canExport { // a snapshot with a file-level view
+	if p.exp != nil { // a snapshot with a file-level view
 		s.prepareTemplateView(sb.Template, sb.TemplateDigest)
 	}
-	s.log.Info("snapshot taken", "sandbox", sb.ID, "snapshot", rec.ID, "kind", kind, "bytes_new", bytesNew, "bytes_total", bytesTotal, "automatic", automatic)
+	s.log.Info("snapshot taken", "sandbox", sb.ID, "snapshot", rec.ID, "kind", rec.Kind, "bytes_new", bytesNew, "bytes_total", bytesTotal, "automatic", rec.Automatic)
 	return rec, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"time"
 
 	"github.com/spacesandbox/space/internal/agentproto"
@@ -82,7 +83,9 @@ func (s *Service) meminfoByProcess(ctx context.Context, l *live) (agentproto.Sta
 // protocol 3 is not checked.
 func (s *Service) checkExport(ctx context.Context, sb store.Sandbox, l *live) error {
 	lim, ok := l.inst.(driver.ExportLimiter)
-	if !ok {
+	if !ok || lim.ExportFileLimit(0) == math.MaxInt64 {
+		// No limit whatever the guest uses (a runsc that streams files):
+		// the agent is not asked (a pause would wait for it).
 		return nil
 	}
 	st, err := l.agent.DiskStats(ctx, 0)

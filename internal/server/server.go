@@ -158,8 +158,10 @@ func Run(ctx context.Context, cfg Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := sandbox.NewMetrics(reg, st.CountSandboxesByState)
+	var tpls *templates // set before anything is served
 	svc := sandbox.New(sandbox.Config{
-		DataDir: cfg.DataDir, AgentPath: cfg.AgentPath,
+		AwaitTemplate: func(ctx context.Context, name string) (bool, error) { return tpls.Await(ctx, name) },
+		DataDir:       cfg.DataDir, AgentPath: cfg.AgentPath,
 		DefaultDriver: cfg.Driver, DefaultTemplate: cfg.DefaultTemplate,
 		DefaultTimeout:  time.Duration(cfg.DefaultTimeoutS) * time.Second,
 		MaxTimeout:      time.Duration(cfg.MaxTimeoutS) * time.Second,
@@ -215,7 +217,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("template cache: %w", err)
 	}
-	tpls := &templates{store: st, builder: builder, log: log, ready: poolMgr.templateReady, failed: poolMgr.templateFailed}
+	tpls = &templates{store: st, builder: builder, log: log, ready: poolMgr.templateReady, failed: poolMgr.templateFailed}
 	health := &health{detail: "default template " + cfg.DefaultTemplate + " not ready yet"}
 
 	var apiGatherer prometheus.Gatherer = reg // /metrics on the API listener unless it has its own
@@ -265,10 +267,37 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		svc.History(bg, tick)
 	}()
+	// The templates built at start are counted before anything is
+	// served: a create of one waits for its build (sandbox.Config's
+	// AwaitTemplate). With the E2B API on, the code interpreter's
+	// template (code-interpreter-v1, what @e2b/code-interpreter creates)
+	// is built after the default one, which it builds on.
+	tpls.expect(cfg.DefaultTemplate)
+	interp := cfg.E2BListen != "" && e2b.InterpreterTemplate != cfg.DefaultTemplate
+	if interp {
+		tpls.expect(e2b.InterpreterTemplate)
+	}
+	defaultTried := make(chan struct{}) // the default template's first build attempt ended
 	go func() {
 		defer wg.Done()
-		health.ensureTemplate(bg, tpls, cfg.DefaultTemplate, log)
+		health.ensureTemplate(bg, tpls, cfg.DefaultTemplate, log, func() {
+			tpls.settle(cfg.DefaultTemplate)
+			close(defaultTried)
+		})
 	}()
+	if interp {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-defaultTried:
+			case <-bg.Done():
+			}
+			log.Info("building the E2B code interpreter's template", "template", e2b.InterpreterTemplate, "e2b_template", "code-interpreter-v1")
+			tpls.ensure(bg, e2b.InterpreterTemplate, "E2B code interpreter template", log, nil, func() { tpls.settle(e2b.InterpreterTemplate) })
+		}()
+	}
+
 	// Warm pools start when their template is ready: the default one once
 	// ensureTemplate built it, others at once when this data dir has them,
 	// else when an admin builds them (POST /v1/templates/{name}/build),
@@ -447,25 +476,45 @@ func (h *health) set(ready bool, detail string) {
 // at once when an earlier build of it serves creates while a new recipe
 // builds. /healthz needs no key, so it says only how far the build is:
 // its output and errors (host paths, the mirror) go to the log.
-func (h *health) ensureTemplate(ctx context.Context, t *templates, name string, log *slog.Logger) {
+func (h *health) ensureTemplate(ctx context.Context, t *templates, name string, log *slog.Logger, firstDone func()) {
+	t.ensure(ctx, name, "default template", log, h.set, firstDone)
+}
+
+// ensure builds template name until it serves or ctx ends, logging its
+// progress (what names it in the log), retrying a failed build with a
+// growing pause; state, when set, follows it. firstDone, when set, is
+// called once the first attempt ended (or ctx did before it): a caller
+// that counted the build with t.expect, so that creates wait for it from
+// before it starts, settles it there (a create then sees the template
+// ready, or failed until the next attempt).
+func (t *templates) ensure(ctx context.Context, name, what string, log *slog.Logger, state func(ready bool, detail string), firstDone func()) {
+	if state == nil {
+		state = func(bool, string) {}
+	}
+	if firstDone == nil {
+		firstDone = func() {}
+	}
+	settle := sync.OnceFunc(firstDone)
+	defer settle()
 	for attempt := 1; ctx.Err() == nil; attempt++ {
 		if _, serving := t.serving(ctx, name); serving {
-			h.set(true, "")
+			state(true, "")
 		} else {
-			h.set(false, "template "+name+": building")
+			state(false, "template "+name+": building")
 		}
 		_, err := t.Build(ctx, name, func(line string) {
 			log.Info("template build", "template", name, "line", line)
 		})
+		settle()
 		if err == nil {
-			h.set(true, "")
-			log.Info("default template ready", "template", name)
+			state(true, "")
+			log.Info(what+" ready", "template", name)
 			return
 		}
 		if _, serving := t.serving(ctx, name); !serving {
-			h.set(false, "template "+name+": build failed, retrying")
+			state(false, "template "+name+": build failed, retrying")
 		}
-		log.Error("default template build failed; retrying", "template", name, "attempt", attempt, "err", err)
+		log.Error(what+" build failed; retrying", "template", name, "attempt", attempt, "err", err)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Duration(min(attempt, 6)) * 10 * time.Second):

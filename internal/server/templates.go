@@ -29,10 +29,100 @@ type templates struct {
 	// failed with no earlier good build to keep: creates refuse it, so its
 	// warm pools can serve none.
 	failed func(name string)
+
+	pendMu sync.Mutex
+	// pending holds the builds queued or running, by template name:
+	// creates of a template not ready yet wait for its entry's done
+	// (Await). progress is the last line each has printed.
+	pending  map[string]*pendingBuild
+	progress map[string]string
+}
+
+// pendingBuild counts the builds of one template queued or running
+// (expect, Build); done is closed when the count drops to zero.
+type pendingBuild struct {
+	n    int
+	done chan struct{}
+}
+
+// Statuses List adds to the stored ones.
+const (
+	statusQueued   = "queued"    // to be built by this server (at start, or behind another build)
+	statusNotBuilt = "not_built" // a built-in recipe nobody built yet
+)
+
+// expect counts a build of name about to start: from now on a create of
+// name waits for it (a build at start that has not taken the build lock
+// yet). settle undoes it.
+func (t *templates) expect(name string) {
+	t.pendMu.Lock()
+	defer t.pendMu.Unlock()
+	if t.pending == nil {
+		t.pending = map[string]*pendingBuild{}
+		t.progress = map[string]string{}
+	}
+	p := t.pending[name]
+	if p == nil {
+		p = &pendingBuild{done: make(chan struct{})}
+		t.pending[name] = p
+	}
+	p.n++
+}
+
+func (t *templates) settle(name string) {
+	t.pendMu.Lock()
+	defer t.pendMu.Unlock()
+	if p := t.pending[name]; p != nil {
+		if p.n--; p.n == 0 {
+			close(p.done)
+			delete(t.pending, name)
+			delete(t.progress, name)
+		}
+	}
+}
+
+func (t *templates) noteProgress(name, line string) {
+	t.pendMu.Lock()
+	if t.progress != nil && t.pending[name] != nil {
+		t.progress[name] = line
+	}
+	t.pendMu.Unlock()
+}
+
+// Await blocks while a build of name is queued or running, until it ends
+// or ctx does. It reports whether there was one to wait for; the error is
+// ctx's when it ended first.
+func (t *templates) Await(ctx context.Context, name string) (bool, error) {
+	if t == nil {
+		return false, nil
+	}
+	t.pendMu.Lock()
+	p := t.pending[name]
+	t.pendMu.Unlock()
+	if p == nil {
+		return false, nil
+	}
+	select {
+	case <-p.done:
+		return true, nil
+	case <-ctx.Done():
+		return true, ctx.Err()
+	}
+}
+
+// pendingState returns whether a build of name is queued or running and
+// the last line it printed.
+func (t *templates) pendingState(name string) (bool, string) {
+	t.pendMu.Lock()
+	defer t.pendMu.Unlock()
+	return t.pending[name] != nil, t.progress[name]
 }
 
 // List returns the built templates and, for built-in recipes not built yet,
-// an entry with status "not_built" so callers can see what exists.
+// an entry with status "not_built" so callers can see what exists. A
+// template this server is about to build, or building, that does not
+// serve yet is "queued" until its build starts, then "building", with the
+// build's last progress line.
 func (t *templates) List(ctx context.Context) ([]store.Template, error) {
 	recs, err := t.store.ListTemplates(ctx)
 	if err != nil {
@@ -44,7 +134,17 @@ func (t *templates) List(ctx context.Context) ([]store.Template, error) {
 	}
 	for _, r := range template.Builtins() {
 		if !have[r.Name] {
-			recs = append(recs, store.Template{Name: r.Name, Digest: r.Digest(), Kind: string(template.KindDir), Status: "not_built"})
+			recs = append(recs, store.Template{Name: r.Name, Digest: r.Digest(), Kind: string(template.KindDir), Status: statusNotBuilt})
+		}
+	}
+	for i, r := range recs {
+		pending, line := t.pendingState(r.Name)
+		if !pending {
+			continue
+		}
+		recs[i].Progress = line
+		if r.Status != store.TemplateReady && r.Status != store.TemplateBuilding {
+			recs[i].Status = statusQueued
 		}
 	}
 	return recs, nil
@@ -63,6 +163,13 @@ func (t *templates) Build(ctx context.Context, name string, progress func(string
 	}
 	if progress == nil {
 		progress = func(string) {}
+	}
+	t.expect(name)
+	defer t.settle(name)
+	report := progress
+	progress = func(line string) {
+		t.noteProgress(name, line)
+		report(line)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -155,7 +155,7 @@ func TestHealthHidesBuildDetail(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		h.ensureTemplate(ctx, tpls, "base", slog.New(slog.DiscardHandler))
+		h.ensureTemplate(ctx, tpls, "base", slog.New(slog.DiscardHandler), nil)
 	}()
 	seen := map[string]bool{}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
@@ -192,7 +192,7 @@ func TestHealthyWhileRebuilding(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		h.ensureTemplate(ctx, tpls, "base", slog.New(slog.DiscardHandler))
+		h.ensureTemplate(ctx, tpls, "base", slog.New(slog.DiscardHandler), nil)
 	}()
 	defer func() { cancel(); <-done }()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
@@ -205,5 +205,84 @@ func TestHealthyWhileRebuilding(t *testing.T) {
 	}
 	if ok, detail := h.get(); !ok {
 		t.Errorf("healthz %q although the earlier build serves", detail)
+	}
+}
+
+// A template this server is to build is "queued" in the list until its
+// build starts and "building", with its last progress line, while it
+// runs; Await waits for that build (until its context ends) and returns
+// at once for a template nobody builds.
+func TestTemplateBuildAwaited(t *testing.T) {
+	gate := filepath.Join(t.TempDir(), "gate")
+	fakeMmdebstrap(t, "echo 'I: fake build'\nwhile [ ! -e "+gate+" ]; do sleep 0.02; done\nexit 1\n")
+	ctx := t.Context()
+	tpls, _ := newTestTemplates(t)
+	status := func() (string, string) {
+		t.Helper()
+		recs, err := tpls.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			if r.Name == "python-data" {
+				return r.Status, r.Progress
+			}
+		}
+		t.Fatal("python-data not listed")
+		return "", ""
+	}
+	if waited, err := tpls.Await(ctx, "python-data"); waited || err != nil {
+		t.Fatalf("Await with no build: %v, %v", waited, err)
+	}
+	if st, _ := status(); st != statusNotBuilt {
+		t.Errorf("before: %q, want %q", st, statusNotBuilt)
+	}
+	tpls.expect("python-data") // as Serve does before it serves
+	if st, _ := status(); st != statusQueued {
+		t.Errorf("expected: %q, want %q", st, statusQueued)
+	}
+	built := make(chan error, 1)
+	go func() {
+		_, err := tpls.Build(context.WithoutCancel(ctx), "python-data", nil)
+		built <- err
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		st, line := status()
+		if st == store.TemplateBuilding && line == "I: fake build" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the list never showed the build running: %q %q", st, line)
+		}
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	waited, err := tpls.Await(short, "python-data")
+	cancel()
+	if !waited || err == nil {
+		t.Fatalf("Await of a running build with a short context: %v, %v; want its context's error", waited, err)
+	}
+	tpls.settle("python-data") // Serve's count ends with its first attempt; the build's own goes on
+	if st, _ := status(); st != store.TemplateBuilding {
+		t.Errorf("still building: %q", st)
+	}
+	waitDone := make(chan error, 1)
+	go func() {
+		_, err := tpls.Await(ctx, "python-data")
+		waitDone <- err
+	}()
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-built; err == nil {
+		t.Fatal("the fake build succeeded")
+	}
+	if err := <-waitDone; err != nil {
+		t.Errorf("Await across the build's end: %v", err)
+	}
+	if st, line := status(); st != store.TemplateFailed || line != "" {
+		t.Errorf("after the build: %q %q, want failed with no progress", st, line)
+	}
+	if waited, err := tpls.Await(ctx, "python-data"); waited || err != nil {
+		t.Errorf("Await after the build: %v, %v", waited, err)
 	}
 }

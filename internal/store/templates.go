@@ -29,6 +29,9 @@ type Template struct {
 	Status    string // TemplateBuilding, TemplateReady or TemplateFailed
 	Error     string // why the build failed: Status TemplateFailed, or a failed rebuild while a ready build still serves
 	BuiltAt   time.Time
+	// Progress is the last line of a build in progress (filled in by the
+	// server's template list, never stored).
+	Progress string
 }
 
 const templateCols = `name, digest, path, kind, size_bytes, recipe, status, error, built_at`

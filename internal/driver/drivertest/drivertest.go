@@ -46,6 +46,8 @@ func Run(t *testing.T, s Setup) {
 	t.Run("StartTwice", func(t *testing.T) { testStartTwice(t, s, d) })
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, s, d) })
 	t.Run("PauseResume", func(t *testing.T) { testPauseResume(t, s, d) })
+	t.Run("PauseFreezesAtOnce", func(t *testing.T) { testPauseFreezesAtOnce(t, s, d) })
+	t.Run("CheckpointWhilePaused", func(t *testing.T) { testCheckpointWhilePaused(t, s, d) })
 	t.Run("Recover", func(t *testing.T) { testRecover(t, s, d) })
 	if _, ok := d.(driver.HandleDestroyer); ok {
 		t.Run("DestroyHandle", func(t *testing.T) { testDestroyHandle(t, s, d) })

@@ -296,7 +296,9 @@ func (d *Driver) normalize(spec *driver.Spec) error {
 
 // Checkpoint implements driver.Checkpointer: the full state (memory,
 // processes, the overlay upper layer) into dir. Without leaveRunning the
-// sandbox stops afterwards.
+// sandbox stops afterwards. A paused sandbox is checkpointed as it is
+// frozen and stays paused (the sentry's own pause for the save nests in
+// runsc pause's): the image is exactly the state Resume thaws.
 func (i *Instance) Checkpoint(ctx context.Context, dir string, leaveRunning bool) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -310,7 +312,17 @@ func (i *Instance) Checkpoint(ctx context.Context, dir string, leaveRunning bool
 	stale := i.liveConns()
 	_, err := i.d.runsc(ctx, i, nil, append(args, i.id)...)
 	if leaveRunning {
-		i.reconnectAgent(stale)
+		i.mu.Lock()
+		paused := i.paused
+		if paused {
+			i.reconnectOnResume = true
+		}
+		i.mu.Unlock()
+		if paused {
+			closeAll(stale) // the signal waits for Resume
+		} else {
+			i.reconnectAgent(stale)
+		}
 	}
 	if err != nil {
 		return err
@@ -420,6 +432,7 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 		return nil, fmt.Errorf("gvisor: recover %s: %v: %w", h.ID, err, errdefs.ErrNotFound)
 	}
 	inst.started = st.Status != "created"
+	inst.paused = st.Status == "paused"
 	inst.pid = st.Pid
 	if err := inst.loadSecret(); err != nil {
 		return nil, fmt.Errorf("gvisor: recover %s: %v: %w", h.ID, err, errdefs.ErrUnavailable)
@@ -493,6 +506,12 @@ type Instance struct {
 	pid       int
 	destroyed bool
 	gone      chan struct{} // closed by Destroy: ends DialAgent waits
+	// paused is set between Pause and Resume (and by Recover for a
+	// sandbox found paused); reconnectOnResume is set by a checkpoint
+	// of the paused sandbox, whose agent is told to reconnect only once
+	// it runs again (a frozen agent cannot act on the signal).
+	paused            bool
+	reconnectOnResume bool
 }
 
 func (i *Instance) bundleDir() string { return filepath.Join(i.stateDir, "bundle") }
@@ -734,23 +753,36 @@ func goroutineDump(path string, n int) string {
 
 // Pause implements driver.Instance. One runsc call on the way; the state
 // is only probed when runsc refuses (pausing a paused sandbox succeeds).
+// runsc pause returns once every task of the sandbox is stopped.
 func (i *Instance) Pause(ctx context.Context) error {
 	if _, err := i.d.runsc(ctx, i, nil, "pause", i.id); err != nil {
-		if st, serr := i.state(ctx); serr == nil && st.Status == "paused" {
-			return nil
+		if st, serr := i.state(ctx); serr != nil || st.Status != "paused" {
+			return err
 		}
-		return err
 	}
+	i.mu.Lock()
+	i.paused = true
+	i.mu.Unlock()
 	return nil
 }
 
 // Resume implements driver.Instance (resuming a running sandbox succeeds).
+// After a checkpoint taken while it was paused, the agent is told to
+// reconnect as soon as it runs: its session died with the save, and
+// without the signal it noticed only at its next keepalive (30 s).
 func (i *Instance) Resume(ctx context.Context) error {
 	if _, err := i.d.runsc(ctx, i, nil, "resume", i.id); err != nil {
-		if st, serr := i.state(ctx); serr == nil && st.Status == "running" {
-			return nil
+		if st, serr := i.state(ctx); serr != nil || st.Status != "running" {
+			return err
 		}
-		return err
+	}
+	i.mu.Lock()
+	i.paused = false
+	reconnect := i.reconnectOnResume
+	i.reconnectOnResume = false
+	i.mu.Unlock()
+	if reconnect {
+		i.reconnectAgent(nil) // its connections were closed at the checkpoint
 	}
 	return nil
 }
@@ -825,9 +857,7 @@ func (i *Instance) liveConns() []net.Conn {
 // the agent wait for its connection anyway. The agent's own keepalive
 // (30 s) is the backstop should the signal be lost.
 func (i *Instance) reconnectAgent(stale []net.Conn) {
-	for _, c := range stale {
-		c.Close()
-	}
+	closeAll(stale)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -835,6 +865,12 @@ func (i *Instance) reconnectAgent(stale []net.Conn) {
 			i.log.Debug("agent reconnect signal", "err", err)
 		}
 	}()
+}
+
+func closeAll(conns []net.Conn) {
+	for _, c := range conns {
+		c.Close()
+	}
 }
 
 type runscState struct {
