@@ -73,7 +73,7 @@ func (s *Service) pause(ctx context.Context, c Caller, id string, timedOut bool)
 	var p *pendingSnapshot
 	if checkpoint {
 		var err error
-		if p, err = s.beginSnapshot(ctx, sb, l, KindCheckpoint, "", true); err != nil {
+		if p, err = s.beginSnapshot(ctx, sb, l, KindCheckpoint, "", true, snapCause{}); err != nil {
 			s.log.Warn("checkpoint on pause not taken", "sandbox", id, "err", err)
 		}
 	}

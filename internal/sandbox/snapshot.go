@@ -107,7 +107,7 @@ func (s *Service) takeSnapshotCause(ctx context.Context, sb store.Sandbox, kind,
 			return store.Snapshot{}, err
 		}
 	}
-	p, err := s.beginSnapshot(ctx, sb, l, kind, name, automatic)
+	p, err := s.beginSnapshot(ctx, sb, l, kind, name, automatic, cause)
 	if err != nil {
 		return store.Snapshot{}, err
 	}
@@ -129,7 +129,7 @@ type pendingSnapshot struct {
 // beginSnapshot checks that a snapshot of sb may be taken and records it
 // as creating. It asks the guest nothing (a pause's checkpoint begins
 // once the sandbox is frozen): checkExport is the caller's, beforehand.
-func (s *Service) beginSnapshot(ctx context.Context, sb store.Sandbox, l *live, kind, name string, automatic bool) (*pendingSnapshot, error) {
+func (s *Service) beginSnapshot(ctx context.Context, sb store.Sandbox, l *live, kind, name string, automatic bool, cause snapCause) (*pendingSnapshot, error) {
 	// A driver that cannot export its writable layer (a VM's disk is one
 	// qcow2 image) still checkpoints; such checkpoints restore and fork
 	// but have no file-level view.
