@@ -86,7 +86,7 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 	curID := "tmp-" + newSnapshotID()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(exp.ExportUpper(ctx, pw)) }()
-	upper, err := s.snaps.Store.PutTar(ctx, curID, pr, snapshot.Meta{})
+	upper, err := s.snaps.Store.PutTar(ctx, curID, pr, snapshot.Meta{Scope: dedupScope(sb.Team)})
 	pr.CloseWithError(err)
 	if err != nil {
 		return res, err

@@ -151,7 +151,7 @@ func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name
 		return rec, err
 	}
 	meta := snapshot.Meta{Kind: snapshot.KindFiles, Parent: parent, Name: name, CreatedAt: rec.CreatedAt,
-		Labels: map[string]string{"sandbox": sb.ID, "template_digest": sb.TemplateDigest}}
+		Labels: map[string]string{"sandbox": sb.ID, "template_digest": sb.TemplateDigest}, Scope: dedupScope(sb.Team)}
 	var bytesNew, bytesTotal int64
 	if canExport {
 		// The writable layer, streamed from the driver straight into
@@ -308,6 +308,12 @@ func (s *Service) dropSnapshot(ctx context.Context, sn store.Snapshot) error {
 	return s.store.DeleteSnapshot(ctx, sn.ID)
 }
 
+// dedupScope is the chunk store's dedup scope of a team's snapshots: a
+// team's snapshot dedups against its own data and the templates', never
+// against another team's, so its bytes_new reveals nothing about what
+// other teams stored.
+func dedupScope(team string) string { return "team/" + team }
+
 // templateView returns the manifest of a template's root filesystem,
 // ingesting it into the chunk store the first time any snapshot of that
 // template needs a full view (every sandbox of the template then shares
@@ -327,7 +333,9 @@ func (s *Service) templateView(ctx context.Context, name, digest string) (*snaps
 		return nil, errdefs.Unavailable("template %s (%s) is no longer available for a full view", name, digest[:min(12, len(digest))])
 	}
 	start := s.now()
-	m, err := s.snaps.Store.PutDir(ctx, id, tpl.Path, snapshot.Meta{Kind: snapshot.KindFiles, Labels: map[string]string{"template": name}})
+	// Shared scope: a template is not one team's, and every team's views
+	// dedup against it.
+	m, err := s.snaps.Store.PutDir(ctx, id, tpl.Path, snapshot.Meta{Kind: snapshot.KindFiles, Labels: map[string]string{"template": name}, Scope: snapshot.SharedScope})
 	if err != nil {
 		return nil, err
 	}
