@@ -185,6 +185,16 @@ ALTER TABLE snapshots ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
 DROP INDEX sandboxes_live_team;
 CREATE INDEX sandboxes_live_team ON sandboxes(team, state, memory_mb, cpu) WHERE state IN ('creating', 'running', 'paused', 'stopping', 'error');
 `,
+	// 17: a sandbox's disk reservation (the most host disk its writable
+	// layer may fill: 10 GiB, the drivers' size before it was a
+	// parameter) and a team cap on their sum. The live-team index covers
+	// it, so quota checks still read the index only.
+	`
+ALTER TABLE sandboxes ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 10240;
+ALTER TABLE team_quotas ADD COLUMN max_disk_mb INTEGER NOT NULL DEFAULT 0;
+DROP INDEX sandboxes_live_team;
+CREATE INDEX sandboxes_live_team ON sandboxes(team, state, memory_mb, cpu, disk_mb) WHERE state IN ('creating', 'running', 'paused', 'stopping', 'error');
+`,
 }
 
 // migrate brings the database to the latest schema version. Each pending
