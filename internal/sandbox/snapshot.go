@@ -495,6 +495,7 @@ func machineLabels(sb store.Sandbox) map[string]string {
 		labelDriver:   sb.Driver,
 		labelCPU:      strconv.Itoa(sb.CPU),
 		labelMemoryMB: strconv.Itoa(sb.MemoryMB),
+		labelDiskMB:   strconv.Itoa(sb.DiskMB),
 	}
 	if len(sb.Env) > 0 {
 		b, _ := json.Marshal(sb.Env)
@@ -507,6 +508,7 @@ const (
 	labelDriver   = "driver"
 	labelCPU      = "cpu"
 	labelMemoryMB = "memory_mb"
+	labelDiskMB   = "disk_mb"
 	labelEnv      = "env"
 )
 
@@ -525,8 +527,11 @@ func (s *Service) checkpointParent(sn store.Snapshot) (store.Sandbox, error) {
 		return store.Sandbox{}, errdefs.Unavailable("checkpoint %s does not record its machine and its sandbox %s is gone; it cannot be restored", sn.ID, sn.SandboxID)
 	}
 	parent := store.Sandbox{ID: sn.SandboxID, Team: sn.Team, Template: sn.Template, TemplateDigest: sn.TemplateDigest,
-		Driver: l[labelDriver], CPU: cpu, MemoryMB: mem, Env: map[string]string{},
+		Driver: l[labelDriver], CPU: cpu, MemoryMB: mem, DiskMB: DefaultDiskMB, Env: map[string]string{},
 		TimeoutS: int(s.cfg.DefaultTimeout.Seconds()), OnTimeout: "kill"}
+	if d, err := strconv.Atoi(l[labelDiskMB]); err == nil && d > 0 {
+		parent.DiskMB = d // a checkpoint from before the label: the 10 GiB of then
+	}
 	if e := l[labelEnv]; e != "" {
 		if err := json.Unmarshal([]byte(e), &parent.Env); err != nil {
 			return store.Sandbox{}, fmt.Errorf("checkpoint %s: env label: %w", sn.ID, err)
