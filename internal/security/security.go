@@ -62,6 +62,10 @@ type (
 // team's own nor leaves one behind.
 const SecretName = "SPACE_PROBE_TOKEN"
 
+// ProbeDiskMB is the probe sandbox's disk_mb: small, so that the disk-fill
+// probe's write past it costs little.
+const ProbeDiskMB = 256
+
 // Target is what the runner needs of a server.
 type Target interface {
 	// PutSecret stores a secret of the caller's team.
@@ -69,7 +73,7 @@ type Target interface {
 	// DeleteSecret deletes a secret of the caller's team.
 	DeleteSecret(ctx context.Context, name string) error
 	// CreateSandbox creates a running sandbox with this allow list and
-	// these bound secrets, returning its id.
+	// these bound secrets and a disk of ProbeDiskMB, returning its id.
 	CreateSandbox(ctx context.Context, allow, secrets []string) (string, error)
 	// Exec runs a command to completion.
 	Exec(ctx context.Context, id string, req space.ExecRequest) (*space.ExecResult, error)
