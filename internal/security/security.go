@@ -240,23 +240,35 @@ func Run(ctx context.Context, target Target, opts Options) (*Report, error) {
 	ev := make([]*Evidence, len(probes))
 	sem := make(chan struct{}, opts.Parallel)
 	var wg sync.WaitGroup
-	for i, p := range probes {
+	run := func(i int) {
+		p := probes[i]
 		env := maps(baseEnv)
 		env["PROBE_ID"] = p.ID
 		env["CANARY_PORT"] = strconv.Itoa(canaries[p.ID].port)
 		env["CANARY_UDP"] = strconv.Itoa(canaries[p.ID].udpPort)
+		start := time.Now()
+		runProbe(ctx, target, id, env, ev[i])
+		opts.Log.Debug("probe ran", "probe", p.ID, "ms", time.Since(start).Milliseconds())
+	}
+	for i, p := range probes {
 		ev[i] = &Evidence{Probe: p, Nonce: nonce, Token: token, SecretValue: value}
+		if p.Alone {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			start := time.Now()
-			runProbe(ctx, target, id, env, ev[i])
-			opts.Log.Debug("probe ran", "probe", p.ID, "ms", time.Since(start).Milliseconds())
+			run(i)
 		}()
 	}
 	wg.Wait()
+	for i, p := range probes {
+		if p.Alone {
+			run(i)
+		}
+	}
 	time.Sleep(300 * time.Millisecond) // let late canary hits land
 	audit, auditErr := target.EgressLog(ctx, id)
 	for i, e := range ev {
