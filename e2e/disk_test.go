@@ -64,6 +64,15 @@ func TestDiskQuota(t *testing.T) {
 		t.Errorf("fork past the disk quota: %d %+v", code, e)
 	}
 
+	// A VM's disk is its template image: a smaller disk_mb is refused
+	// (the overlay could grow past it, uncounted).
+	if len(sharedServerDrivers()) > 0 { // the shared server runs qemu
+		if code := s.do("POST", "/v1/sandboxes", key, map[string]any{"driver": "qemu", "disk_mb": 256}, &e); code != 400 || !strings.Contains(e.Message, "template image") {
+			t.Errorf("a qemu sandbox of 256 MiB: %d %+v", code, e)
+		}
+		t.Logf("qemu, disk_mb 256: %s", e.Message)
+	}
+
 	// The driver holds the sandbox to it.
 	other := s.teamKey("disk-b")
 	var sb sandboxView

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -114,6 +115,26 @@ func (s *Service) validateCreate(r *CreateRequest) error {
 	return nil
 }
 
+// checkDiskFits refuses a disk_mb smaller than a VM driver's disk, which is
+// its template image: the sandbox's qcow2 overlay over it can grow to the
+// image's size whatever disk_mb says, and the team's disk quota would
+// count less than the sandbox may fill. (gVisor's writable layer is made
+// disk_mb large.)
+func (s *Service) checkDiskFits(ctx context.Context, drv string, diskMB int, tpl store.Template) error {
+	path, kind, err := s.rootfs(ctx, drv, tpl)
+	if err != nil || kind != "raw" {
+		return err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("template image: %w", err)
+	}
+	if imgMB := int((fi.Size() + 1<<20 - 1) >> 20); diskMB < imgMB {
+		return errdefs.InvalidArgument("disk_mb: a %s sandbox's disk is its template image, %d MiB; ask for at least that", drv, imgMB)
+	}
+	return nil
+}
+
 // Disk reservations a create may ask for (disk_mb).
 const (
 	// DefaultDiskMB is a sandbox's disk when a create names none: the
@@ -216,6 +237,9 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	}
 	if tpl.Status != "ready" {
 		return store.Sandbox{}, errdefs.Unavailable("template %q is %s", req.Template, tpl.Status)
+	}
+	if err := s.checkDiskFits(ctx, req.Driver, req.DiskMB, tpl); err != nil {
+		return store.Sandbox{}, err
 	}
 	now := s.now().UTC()
 	sb := store.Sandbox{
