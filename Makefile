@@ -19,8 +19,10 @@ DATA   ?= /var/lib/space
 LISTEN ?= 127.0.0.1:7070
 RUNSC  := $(CACHE)/runsc-$(RUNSC_BUILD)/runsc
 # mmdebstrap builds templates; QEMU, qemu-img, e2fsprogs and Debian's cloud
-# kernel serve the qemu driver (its tests run in `make test`).
-APT_PACKAGES := patch python3 mmdebstrap ca-certificates qemu-system-x86 qemu-utils e2fsprogs linux-image-cloud-amd64
+# kernel serve the qemu driver (its tests run in `make test`). postgresql's
+# server binaries run the store's Postgres tests (a throwaway cluster per
+# test binary, internal/store/pgtest; the package's own cluster is unused).
+APT_PACKAGES := patch python3 mmdebstrap ca-certificates qemu-system-x86 qemu-utils e2fsprogs linux-image-cloud-amd64 postgresql
 GOTEST_FLAGS ?= -count=1 -timeout 45m
 
 .PHONY: all deps runsc build run test test-unit bench clean print-runsc-build

@@ -6,9 +6,20 @@ require github.com/spacesandbox/space/sdk/go v0.0.0
 
 require (
 	connectrpc.com/connect v1.21.1
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/klauspost/compress v1.20.4
 	go.yaml.in/yaml/v3 v3.0.5
 	golang.org/x/time v0.16.0
+)
+
+require github.com/aymanbagabas/go-udiff v0.4.2 // indirect
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
 )
 
 require (

@@ -20,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/spacesandbox/space/internal/store/pgtest"
 )
 
 // One server for the API tests: creating servers is cheap, but sharing one
@@ -60,7 +62,7 @@ func (k *keepAlive) TempDir() string {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := pgtest.Main(m) // m.Run, then the Postgres test cluster (if one started) stops
 	if shared != nil {
 		if code != 0 {
 			// The shared server outlives the test that failed: its log is

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -38,9 +39,13 @@ func TestE2BSDK(t *testing.T) {
 	teamKey := s.teamKey("e2b-sdk")
 	otherKey := s.teamKey("e2b-other")
 
-	files, _ := filepath.Glob(filepath.Join(dir, "*.test.mjs"))
+	// SPACE_E2B_TESTS (a glob, e.g. "parity.test.mjs") runs some files
+	// only, without waiting for (or requiring a claim from) the pool.
+	subset := os.Getenv("SPACE_E2B_TESTS")
+	pattern := cmp.Or(subset, "*.test.mjs")
+	files, _ := filepath.Glob(filepath.Join(dir, pattern))
 	if len(files) == 0 {
-		t.Fatal("no e2e/e2b/*.test.mjs")
+		t.Fatalf("no e2e/e2b/%s", pattern)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
 	defer cancel()
@@ -57,13 +62,16 @@ func TestE2BSDK(t *testing.T) {
 	// The suite starts with the python-data pool full: code-interpreter
 	// sandboxes are claimed warm (their identity, env and all, delivered
 	// at the claim) as well as created cold once the pool is empty.
-	waitFor(t, "the python-data pool to fill", 60*time.Second, func() bool { return poolReady(t, s, "python-data") == 1 })
+	if subset == "" {
+		waitFor(t, "the python-data pool to fill", 3*time.Minute, func() bool { return poolReady(t, s, "python-data") == 1 })
+	}
 	out, err := cmd.CombinedOutput()
 	t.Logf("node --test:\n%s", out)
 	if err != nil {
+		t.Logf("server log:\n%s", tail(s.logText(), 20000))
 		t.Fatalf("E2B SDK suite failed: %v", err)
 	}
-	if !regexp.MustCompile(`sandbox created from the warm pool" sandbox=\S+ template=python-data`).MatchString(s.logText()) {
+	if subset == "" && !regexp.MustCompile(`sandbox created from the warm pool" sandbox=\S+ template=python-data`).MatchString(s.logText()) {
 		t.Errorf("no code-interpreter sandbox of the suite was claimed from the python-data pool")
 	}
 }

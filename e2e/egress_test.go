@@ -34,6 +34,23 @@ type upstream struct {
 // Authorization header carried the expected secret (never echoing the
 // secret itself back into the sandbox).
 func startUpstream(t *testing.T, wantAuth string) *upstream {
+	return startUpstreamWith(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Get("Authorization")
+		switch {
+		case auth == "":
+			auth = "none"
+		case auth == wantAuth:
+			auth = "valid"
+		default:
+			auth = "invalid:" + auth
+		}
+		fmt.Fprintf(w, "host=%s path=%s auth=%s\n", r.Host, r.URL.Path, auth)
+	}))
+}
+
+// startUpstreamWith serves h on a loopback HTTPS listener whose
+// certificate (allowed.test, other.test) its own CA signs.
+func startUpstreamWith(t *testing.T, h http.Handler) *upstream {
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2e upstream CA"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
@@ -50,18 +67,7 @@ func startUpstream(t *testing.T, wantAuth string) *upstream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		auth := r.Header.Get("Authorization")
-		switch {
-		case auth == "":
-			auth = "none"
-		case auth == wantAuth:
-			auth = "valid"
-		default:
-			auth = "invalid:" + auth
-		}
-		fmt.Fprintf(w, "host=%s path=%s auth=%s\n", r.Host, r.URL.Path, auth)
-	})}
+	srv := &http.Server{Handler: h}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	caFile := filepath.Join(t.TempDir(), "upstream-ca.pem")
@@ -77,7 +83,7 @@ func TestEgress(t *testing.T) {
 		"--egress-allow-cidr", "127.0.0.1/32", "--egress-root-ca", up.caFile, "--pool-size", "-1")
 	var sec map[string]any
 	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
-		"name": "GITHUB_TOKEN", "value": value, "hosts": []string{"allowed.test"},
+		"name": "GITHUB_TOKEN", "value": value, "hosts": []string{fmt.Sprintf("allowed.test:%d", up.port)}, // a secret goes only to the ports it names
 		"inject": map[string]string{"header": "Authorization", "format": "Bearer {value}"},
 	}, &sec); code != 201 {
 		t.Fatalf("put secret: %d %v", code, sec)
@@ -217,7 +223,7 @@ func TestEgress(t *testing.T) {
 	}
 	const rotated = "r0tated-VALUE-never-inside"
 	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
-		"name": "GITHUB_TOKEN", "value": rotated, "hosts": []string{"allowed.test"},
+		"name": "GITHUB_TOKEN", "value": rotated, "hosts": []string{fmt.Sprintf("allowed.test:%d", up.port)}, // a secret goes only to the ports it names
 		"inject": map[string]string{"header": "Authorization", "format": "Bearer {value}"},
 	}, nil); code != 201 {
 		t.Fatalf("put the secret back: %d", code)
@@ -254,7 +260,7 @@ func TestEgressWarmClaim(t *testing.T) {
 	s := startServer(t, "", "--egress-hosts", "allowed.test=127.0.0.1,other.test=127.0.0.1",
 		"--egress-allow-cidr", "127.0.0.1/32", "--egress-root-ca", up.caFile, "--pool-size", "1")
 	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
-		"name": "API_TOKEN", "value": value, "hosts": []string{"allowed.test"},
+		"name": "API_TOKEN", "value": value, "hosts": []string{fmt.Sprintf("allowed.test:%d", up.port)}, // a secret goes only to the ports it names
 		"inject": map[string]string{"header": "Authorization", "format": "Bearer {value}"},
 	}, nil); code != 201 {
 		t.Fatalf("put secret: %d", code)

@@ -48,7 +48,7 @@ func TestEgressTools(t *testing.T) {
 		"--egress-allow-cidr", "127.0.0.1/32", "--egress-root-ca", up.caFile, "--pool-size", "-1")
 	var sec map[string]any
 	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
-		"name": "TOOLS_TOKEN", "value": value, "hosts": []string{"allowed.test"},
+		"name": "TOOLS_TOKEN", "value": value, "hosts": []string{fmt.Sprintf("allowed.test:%d", up.port)}, // a secret goes only to the ports it names
 		"inject": map[string]string{"header": "Authorization", "format": "Bearer {value}"},
 	}, &sec); code != 201 {
 		t.Fatalf("put secret: %d %v", code, sec)

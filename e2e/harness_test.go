@@ -258,6 +258,7 @@ func (s *server) create(body map[string]any) string {
 
 type execResult struct {
 	PID       int    `json:"pid"`
+	CommandID int64  `json:"command_id"`
 	ExitCode  int    `json:"exit_code"`
 	Signal    string `json:"signal"`
 	Error     string `json:"error"`

@@ -45,6 +45,7 @@ func jsonString(v any) (string, error) {
 
 // commandView is one command as GET /v1/sandboxes/{id}/commands lists it.
 type commandView struct {
+	ID         int64
 	PID        int
 	Cmd        []string
 	Background bool

@@ -25,7 +25,7 @@ func TestQEMUEgress(t *testing.T) {
 	s := startServer(t, "", "--drivers", "gvisor,qemu", "--egress-hosts", "allowed.test=127.0.0.1,other.test=127.0.0.1",
 		"--egress-allow-cidr", "127.0.0.1/32", "--egress-root-ca", up.caFile, "--pool-size", "-1", "--snapshot-interval", "-1")
 	if code := s.do("POST", "/v1/secrets", s.key, map[string]any{
-		"name": "VM_TOKEN", "value": value, "hosts": []string{"allowed.test"},
+		"name": "VM_TOKEN", "value": value, "hosts": []string{fmt.Sprintf("allowed.test:%d", up.port)}, // a secret goes only to the ports it names
 		"inject": map[string]string{"header": "Authorization", "format": "Bearer {value}"},
 	}, nil); code != 201 {
 		t.Fatalf("put secret: %d", code)

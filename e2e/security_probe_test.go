@@ -28,8 +28,9 @@ import (
 )
 
 // startProbeUpstream is the probe suite's allowed destination: a loopback
-// HTTPS server with its own CA that echoes what it received and, on
-// /redirect?to=URL, answers 302 to URL (the redirect-to-private probe).
+// HTTPS server with its own CA that echoes what it received, on
+// /redirect?to=URL answers 302 to URL (the redirect-to-private probe), and
+// switches to any protocol it is asked to (the upgrade-smuggle probe).
 func startProbeUpstream(t *testing.T) (port int, caFile string) {
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "e2e probe upstream CA"},
@@ -48,6 +49,30 @@ func startProbeUpstream(t *testing.T) (port int, caFile string) {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if up := r.Header.Get("Upgrade"); up != "" {
+			// A naive upstream (the upgrade-smuggle probe): it switches to
+			// whatever it is asked for and then goes on reading HTTP, so
+			// whatever the proxy lets through after the 101 is answered
+			// (host names here are short: a one-byte frame length).
+			c, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: %s\r\nConnection: Upgrade\r\n\r\n", up)
+			brw.Flush()
+			for {
+				req, err := http.ReadRequest(brw.Reader)
+				if err != nil {
+					return
+				}
+				// Answered in a WebSocket text frame, which the proxy
+				// passes on to the client: what reached here is seen.
+				msg := "smuggled host=" + req.Host
+				brw.Write(append([]byte{0x81, byte(len(msg))}, msg...))
+				brw.Flush()
+			}
+		}
 		if to := r.URL.Query().Get("to"); r.URL.Path == "/redirect" && to != "" {
 			http.Redirect(w, r, to, http.StatusFound)
 			return

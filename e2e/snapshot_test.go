@@ -25,6 +25,8 @@ type snapshotView struct {
 	BytesTotal int64     `json:"bytes_total"`
 	CreatedAt  time.Time `json:"created_at"`
 	Verified   bool      `json:"verified"`
+	CommandID  int64     `json:"command_id"`
+	Cause      string    `json:"cause"`
 }
 
 func (s *server) snapshot(id, kind, name string) snapshotView {

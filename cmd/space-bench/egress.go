@@ -252,7 +252,7 @@ func startEgressBench() (_ *egressBench, err error) {
 			return nil, err
 		}
 		if id == "bench-secret" {
-			sec := egress.Secret{Name: "BENCH_TOKEN", Value: []byte("bench-value"), Hosts: []string{"allowed.test"},
+			sec := egress.Secret{Name: "BENCH_TOKEN", Value: []byte("bench-value"), Hosts: []string{fmt.Sprintf("allowed.test:%d", e.tlsPort)},
 				Inject: egress.Injection{Header: "Authorization", Format: "Bearer {value}"}}
 			if err := e.proxy.BindSecrets(id, map[string]egress.Secret{e.placeholder: sec}); err != nil {
 				return nil, err

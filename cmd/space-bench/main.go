@@ -217,6 +217,9 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 	if err := b.stdoutThroughput(raw, cid, 3); err != nil {
 		return err
 	}
+	if err := b.snapshotOnExecRows(id, nExec/4); err != nil { // execsnap.go
+		return err
+	}
 
 	// 1 MB file write + read.
 	payload := bytes.Repeat([]byte("0123456789abcdef"), 1<<16)

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+
+	"github.com/spacesandbox/space/internal/agentproto"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,6 +61,11 @@ type Options struct {
 	ReapAll bool
 	// Logger receives diagnostics (discarded when nil).
 	Logger *slog.Logger
+	// AuthSecret, when set, answers the host's challenge before every
+	// session (agentproto.AnswerAuth); AuthFile, the file it was read
+	// from, is removed after the first session that authenticated.
+	AuthSecret []byte
+	AuthFile   string
 }
 
 // The output budget of all processes together: an eighth of the
@@ -85,6 +92,8 @@ type Agent struct {
 	// middle of one sends its own while the first may still run, and the
 	// identity (env, egress) must be one Init's, whole.
 	initMu sync.Mutex
+
+	authFileOnce sync.Once // removes Options.AuthFile after the first handshake
 
 	mu        sync.Mutex
 	sess      *yamux.Session // the current host session (nil between sessions)
@@ -201,6 +210,18 @@ func (a *Agent) ProbeSession() {
 // ServeConn serves one yamux session over conn until it breaks.
 func (a *Agent) ServeConn(ctx context.Context, conn io.ReadWriteCloser) error {
 	defer conn.Close()
+	if a.opts.AuthSecret != nil {
+		if err := agentproto.AnswerAuth(conn, a.opts.AuthSecret); err != nil {
+			return err
+		}
+		// The secret lives on in memory only. (Under gVisor the mount
+		// is read-only for the agent: the host removes the file.)
+		a.authFileOnce.Do(func() {
+			if a.opts.AuthFile != "" {
+				_ = os.Remove(a.opts.AuthFile)
+			}
+		})
+	}
 	sess, err := yamux.Server(conn, yamuxConfig())
 	if err != nil {
 		return err

@@ -243,7 +243,24 @@ func fill(src io.Reader, buf []byte) (int, error) {
 }
 
 // tempPrefix names the temporary file a write fills before its rename.
-const tempPrefix = ".space-write-"
+// The letter after it says whether the write replaces a file (tempOver)
+// or makes a new one (tempNew): a watch reports the rename as what the
+// caller did to the target (a write, or a create and a write), and hides
+// the temporary file's own events (watch.go).
+const (
+	tempPrefix = ".space-write-"
+	tempNew    = 'c'
+	tempOver   = 'w'
+)
+
+// tempName is the temporary file's name pattern ("*" is random) for a
+// write to a target that exists (over) or not.
+func tempName(over bool) string {
+	if over {
+		return tempPrefix + string(tempOver) + "*"
+	}
+	return tempPrefix + string(tempNew) + "*"
+}
 
 // asTarget makes an error about a write's temporary file (or its rename)
 // name the file the caller asked for: ".space-write-…" means nothing to
@@ -307,18 +324,21 @@ func (a *Agent) handleWrite(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errdefs.Conflict("%s is a directory", path))
 		return
 	}
+	over := false
 	if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() && fi.Mode()&fs.ModeSymlink == 0 {
 		// A device, FIFO or socket is not replaced by a file (/dev/null
 		// became a file anyone could read).
 		writeError(w, errdefs.InvalidArgument("%s is not a regular file", path))
 		return
+	} else if err == nil {
+		over = true
 	}
 	dir := filepath.Dir(path)
 	if err := mkdirAll(dir, acct); err != nil {
 		writeError(w, err)
 		return
 	}
-	tmp, err := os.CreateTemp(dir, tempPrefix+"*")
+	tmp, err := os.CreateTemp(dir, tempName(over))
 	if err != nil {
 		writeError(w, osError(asTarget(err, path)))
 		return

@@ -93,7 +93,9 @@ func writeNoFollow(path string, body io.Reader, acct account, mode os.FileMode, 
 	defer unix.Close(dirfd)
 	base := filepath.Base(path)
 	var st unix.Stat_t
+	over := false
 	if err := unix.Fstatat(dirfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+		over = true
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
 			return errdefs.Conflict("%s is a directory", path)
@@ -105,7 +107,7 @@ func writeNoFollow(path string, body io.Reader, acct account, mode os.FileMode, 
 	}
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
-	tmp := tempPrefix + hex.EncodeToString(rnd[:])
+	tmp := strings.TrimSuffix(tempName(over), "*") + hex.EncodeToString(rnd[:])
 	fd, err := unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return osError(asTarget(err, path))

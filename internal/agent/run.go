@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/spacesandbox/space/internal/agentproto"
 )
 
 // Run is space-agent's main: it parses args (os.Args), serves until the
@@ -27,6 +29,7 @@ func Run(args []string) int {
 	vmInitMode := fs.Bool("init", false, "run as a VM's init (PID 1 of the initramfs): mount the root disk and switch to it first")
 	user := fs.String("user", "user", "default user for processes and files")
 	home := fs.String("home", "/home/user", "directory relative paths are resolved against")
+	authFile := fs.String("auth-file", "", "answer the host's challenge on every connection with the secret in `path` (read at start, kept in memory)")
 	verbose := fs.Bool("v", false, "debug logging")
 	if len(args) > 0 {
 		args = args[1:]
@@ -105,7 +108,17 @@ func Run(args []string) int {
 		// 32 MiB, where a small sandbox's agent would collect all the time.
 		debug.SetMemoryLimit(max(mem/4, 32<<20))
 	}
-	a := New(Options{User: *user, Home: *home, Memory: mem, ReapAll: true, Logger: log})
+	opts := Options{User: *user, Home: *home, Memory: mem, ReapAll: true, Logger: log}
+	if *authFile != "" {
+		secret, err := agentproto.ReadSecret(*authFile)
+		if err != nil {
+			// Without it no host accepts this agent: fail loudly.
+			log.Error("auth file", "err", err)
+			return 1
+		}
+		opts.AuthSecret, opts.AuthFile = secret, *authFile
+	}
+	a := New(opts)
 	defer a.Close()
 
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -131,6 +132,7 @@ func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
 	}
 	enc := json.NewEncoder(w)
 	buf := make([]byte, 64<<10)
+	own := ownWrites{}
 	for {
 		n, err := wt.f.Read(buf)
 		if err != nil {
@@ -154,7 +156,14 @@ func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
 			if name != "" {
 				p = filepath.Join(dir, name)
 			}
-			if typ := watchType(ev.Mask); typ != "" {
+			types, mine := own.events(ev, name)
+			if !mine {
+				types = []string{watchType(ev.Mask)}
+			}
+			for _, typ := range types {
+				if typ == "" {
+					continue
+				}
 				if err := enc.Encode(agentproto.WatchEvent{Type: typ, Path: p, Time: now}); err != nil {
 					return
 				}
@@ -189,4 +198,43 @@ func watchType(mask uint32) string {
 		return "chmod"
 	}
 	return ""
+}
+
+// ownWrites tells the agent's own atomic writes (handleWrite: a temporary
+// file next to the target, renamed over it) apart in a watch, so that a
+// watch reports what the caller did to the target, as envd (which writes
+// in place) does: a write over a file is a "write" of it, a new file a
+// "create" and a "write". The temporary file's own events (create, write,
+// chmod, the rename away) are not reported. It maps the rename cookies of
+// temporary files moved away to the letter saying which kind of write
+// they were (tempNew or tempOver).
+type ownWrites map[uint32]byte
+
+// events returns the event types to report for ev (of the entry name in
+// a watched directory) and whether it was part of an own write.
+func (o ownWrites) events(ev *unix.InotifyEvent, name string) ([]string, bool) {
+	if rest, ok := strings.CutPrefix(name, tempPrefix); ok {
+		if ev.Mask&unix.IN_MOVED_FROM != 0 && rest != "" {
+			if len(o) > 64 { // renamed out of the watched tree: never paired
+				clear(o)
+			}
+			o[ev.Cookie] = rest[0]
+		}
+		return nil, true
+	}
+	if ev.Mask&unix.IN_MOVED_TO == 0 {
+		return nil, false
+	}
+	kind, ok := o[ev.Cookie]
+	if !ok {
+		return nil, false
+	}
+	delete(o, ev.Cookie)
+	switch kind {
+	case tempOver:
+		return []string{"write"}, true
+	case tempNew:
+		return []string{"create", "write"}, true
+	}
+	return nil, false // an older agent's temporary file: a plain rename
 }

@@ -158,8 +158,11 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     time.Minute,
 		DisableCompression:  true,
-		WriteBufferSize:     64 << 10,
-		ReadBufferSize:      64 << 10,
+		// An agent's header block is a few lines; without a bound the
+		// transport accepts 1 MiB.
+		MaxResponseHeaderBytes: MaxHeaderBytes,
+		WriteBufferSize:        64 << 10,
+		ReadBufferSize:         64 << 10,
 	}
 	c.log.Debug("agent session started")
 	c.mu.Lock()
@@ -211,21 +214,32 @@ func (c *Client) keep() {
 }
 
 func (c *Client) acceptStreams(ys *yamux.Session, h StreamHandler) {
+	open := make(chan struct{}, MaxAgentStreams) // a token per stream open
 	for {
 		st, err := ys.AcceptStream()
 		if err != nil {
 			return
 		}
+		select {
+		case open <- struct{}{}:
+		default:
+			// The agent opened more streams than any sandbox needs: each
+			// holds a receive window of host memory.
+			c.log.Warn("agent opened too many streams; refusing", "limit", MaxAgentStreams)
+			st.Close()
+			continue
+		}
 		go func() {
 			st.SetReadDeadline(time.Now().Add(10 * time.Second))
-			br := bufio.NewReaderSize(st, 64)
+			br := bufio.NewReaderSize(st, maxStreamKind)
 			line, err := br.ReadSlice('\n')
 			if err != nil {
 				st.Close()
+				<-open
 				return
 			}
 			st.SetReadDeadline(time.Time{})
-			h(strings.TrimSpace(string(line)), &bufferedConn{Conn: st, r: br})
+			h(strings.TrimSpace(string(line)), &bufferedConn{Conn: st, r: br, done: func() { <-open }})
 		}()
 	}
 }
@@ -233,10 +247,19 @@ func (c *Client) acceptStreams(ys *yamux.Session, h StreamHandler) {
 // bufferedConn is a stream whose first bytes were read into r.
 type bufferedConn struct {
 	net.Conn
-	r *bufio.Reader
+	r    *bufio.Reader
+	done func() // called once at Close (nil: nothing)
+	once sync.Once
 }
 
 func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+func (b *bufferedConn) Close() error {
+	if b.done != nil {
+		b.once.Do(b.done)
+	}
+	return b.Conn.Close()
+}
 
 func yamuxConfig() *yamux.Config {
 	cfg := yamux.DefaultConfig()
@@ -321,8 +344,34 @@ func (c *Client) do(ctx context.Context, req request) (*http.Response, error) {
 // goroutine serving it, forever. A variable so tests can shorten it.
 var UnaryTimeout = time.Minute
 
-// call does req and decodes a JSON response into out (if non-nil).
+// call does req and decodes a JSON response of at most MaxUnaryAnswer
+// bytes into out (if non-nil).
 func (c *Client) call(ctx context.Context, req request, out any) error {
+	return c.roundTrip(ctx, req, func(body io.Reader, what string) error {
+		if out == nil {
+			return nil
+		}
+		return decodeOne(body, MaxUnaryAnswer, what, out)
+	})
+}
+
+// callList does req and decodes a JSON array of at most maxItems elements
+// and MaxListAnswer bytes.
+func callList[T any](ctx context.Context, c *Client, req request, maxItems int) ([]T, error) {
+	var out []T
+	err := c.roundTrip(ctx, req, func(body io.Reader, what string) error {
+		var err error
+		out, err = decodeList[T](body, MaxListAnswer, maxItems, what)
+		return err
+	})
+	return out, err
+}
+
+// roundTrip does req, bounded by UnaryTimeout when it streams no request
+// body and ctx has no deadline, and hands the answer's body to decode.
+// What decode leaves unread is discarded (closing the body drops the
+// stream: an agent sending more is not read further).
+func (c *Client) roundTrip(ctx context.Context, req request, decode func(body io.Reader, what string) error) error {
 	if _, ok := ctx.Deadline(); !ok && req.body == nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, UnaryTimeout)
@@ -333,11 +382,11 @@ func (c *Client) call(ctx context.Context, req request, out any) error {
 		return err
 	}
 	defer resp.Body.Close()
-	if out == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	what := req.method + " " + req.path
+	if err := decode(resp.Body, what); err != nil {
+		if errors.Is(err, errdefs.ErrTooLarge) {
+			return err
+		}
 		return transportError(ctx, fmt.Errorf("decode %s response: %w", req.path, err))
 	}
 	return nil
@@ -357,7 +406,7 @@ func transportError(ctx context.Context, err error) error {
 }
 
 func decodeError(resp *http.Response) error {
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, MaxErrorBody))
 	var e agentproto.Error
 	if json.Unmarshal(body, &e) != nil || e.Code == "" {
 		e.Code = codeForStatus(resp.StatusCode)

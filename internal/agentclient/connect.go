@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -41,11 +43,18 @@ func (c *Client) Connect(ctx context.Context, port int) (net.Conn, error) {
 	if err := req.Write(st); err != nil {
 		return nil, transportError(ctx, err)
 	}
-	br := bufio.NewReaderSize(st, 32<<10)
+	// The header block is read through a budget (http.ReadResponse has
+	// none), lifted once it is read.
+	lr := &io.LimitedReader{R: st, N: MaxHeaderBytes}
+	br := bufio.NewReaderSize(lr, 32<<10)
 	resp, err := http.ReadResponse(br, req)
 	if err != nil {
+		if lr.N <= 0 {
+			return nil, tooLarge("the answer to POST "+agentproto.PathConnect, MaxHeaderBytes, "header bytes")
+		}
 		return nil, transportError(ctx, fmt.Errorf("connect to port %d: %w", port, err))
 	}
+	lr.N = math.MaxInt64
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
 		if resp.StatusCode == http.StatusNotFound { // the agent has no such route

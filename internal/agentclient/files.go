@@ -3,7 +3,6 @@ package agentclient
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -14,6 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/spacesandbox/space/internal/agentproto"
+	"github.com/spacesandbox/space/internal/errdefs"
 )
 
 // ReadFile streams a file's content; size is -1 when unknown. Errors:
@@ -86,9 +86,7 @@ func (c *Client) Stat(ctx context.Context, path string) (agentproto.FileInfo, er
 // (not a directory).
 func (c *Client) List(ctx context.Context, path string, depth int) ([]agentproto.FileInfo, error) {
 	q := url.Values{"path": {path}, "depth": {strconv.Itoa(depth)}}
-	var out []agentproto.FileInfo
-	err := c.call(ctx, request{method: http.MethodGet, path: agentproto.PathFilesList, query: q}, &out)
-	return out, err
+	return callList[agentproto.FileInfo](ctx, c, request{method: http.MethodGet, path: agentproto.PathFilesList, query: q}, MaxListEntries)
 }
 
 // Mkdir creates a directory and its parents. Errors: ErrConflict when a
@@ -170,14 +168,14 @@ func (c *Client) Watch(ctx context.Context, path string, recursive bool) (*Watch
 	if err != nil {
 		return nil, err
 	}
-	return &WatchStream{ctx: ctx, body: resp.Body, dec: json.NewDecoder(bufio.NewReader(resp.Body))}, nil
+	return &WatchStream{ctx: ctx, body: resp.Body, lines: bufio.NewReaderSize(resp.Body, 16<<10)}, nil
 }
 
 // WatchStream is an open watch; Close it to stop watching.
 type WatchStream struct {
 	ctx    context.Context
 	body   io.ReadCloser
-	dec    *json.Decoder
+	lines  *bufio.Reader // NDJSON, lines of at most MaxWatchEvent
 	once   sync.Once
 	closed atomic.Bool
 }
@@ -186,9 +184,12 @@ type WatchStream struct {
 // session broke (watch again) and io.EOF after Close.
 func (s *WatchStream) Next() (agentproto.WatchEvent, error) {
 	var ev agentproto.WatchEvent
-	if err := s.dec.Decode(&ev); err != nil {
+	if err := decodeLine(s.lines, MaxWatchEvent, "a watch stream", &ev); err != nil {
 		if s.closed.Load() {
 			return ev, io.EOF
+		}
+		if errors.Is(err, errdefs.ErrTooLarge) {
+			return ev, err
 		}
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/spacesandbox/space/internal/agent"
@@ -339,5 +340,74 @@ func TestReadNotRegular(t *testing.T) {
 		if !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("read %s: %v, want invalid_argument", p, err)
 		}
+	}
+}
+
+// TestWatchOwnWrites: a watch reports the agent's own atomic writes as what
+// they do to the target, as envd's in-place writes are reported: a new
+// file is a create and a write, a write over a file is a write of it (it
+// was a create of it after the temporary file's create, write, chmod and
+// rename, and never a write: watchers waiting for one waited for good).
+// Nothing of the temporary file is reported.
+func TestWatchOwnWrites(t *testing.T) {
+	h := newHarness(t, agent.Options{})
+	ctx := t.Context()
+	dir := filepath.Join(h.home, "ow")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := h.c.Watch(ctx, dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	// until returns the events up to the create of marker (made after the
+	// writes, so everything they caused came before it).
+	marks := 0
+	until := func() []string {
+		t.Helper()
+		marks++
+		marker := filepath.Join(dir, fmt.Sprintf("marker-%d", marks))
+		if err := os.WriteFile(marker, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for {
+			ev, err := ws.Next()
+			if err != nil {
+				t.Fatalf("watch ended after %v: %v", got, err)
+			}
+			if ev.Path == marker {
+				return got
+			}
+			got = append(got, ev.Type+" "+strings.TrimPrefix(ev.Path, dir+"/"))
+		}
+	}
+	a := filepath.Join(dir, "a.txt")
+	if _, err := h.c.WriteFile(ctx, a, strings.NewReader("1"), 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := until(); !slices.Equal(got, []string{"create a.txt", "write a.txt"}) {
+		t.Errorf("a new file written: %q, want create and write of a.txt", got)
+	}
+	if _, err := h.c.WriteFile(ctx, a, strings.NewReader("22"), 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := until(); !slices.Equal(got, []string{"write a.txt"}) {
+		t.Errorf("a write over a.txt: %q, want one write of a.txt", got)
+	}
+	// A write that fails (its body breaks off) leaves nothing to report.
+	if _, err := h.c.WriteFile(ctx, a, io.MultiReader(strings.NewReader("partial"), iotest.ErrReader(errors.New("cut"))), 0, ""); err == nil {
+		t.Fatal("a write whose body failed succeeded")
+	}
+	if got := until(); len(got) != 0 {
+		t.Errorf("a failed write: %q, want no events", got)
+	}
+	// A rename of the caller's own is reported as before.
+	if err := os.Rename(a, filepath.Join(dir, "b.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if got := until(); !slices.Equal(got, []string{"rename a.txt", "create b.txt"}) {
+		t.Errorf("a rename: %q", got)
 	}
 }

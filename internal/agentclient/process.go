@@ -3,7 +3,6 @@ package agentclient
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -62,10 +61,13 @@ func (c *Client) Run(ctx context.Context, req agentproto.StartRequest) (int, *Ev
 		s.c, s.pid = c, pid
 		return pid, s, nil
 	}
-	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 256<<10))
+	lines := bufio.NewReaderSize(resp.Body, 256<<10)
 	var sr agentproto.StartResponse
-	if err := dec.Decode(&sr); err != nil {
+	if err := decodeLine(lines, MaxUnaryAnswer, "POST "+agentproto.PathProcesses, &sr); err != nil {
 		resp.Body.Close()
+		if errors.Is(err, errdefs.ErrTooLarge) {
+			return 0, nil, err
+		}
 		return 0, nil, transportError(ctx, err)
 	}
 	if !strings.HasPrefix(ct, "application/x-ndjson") {
@@ -75,7 +77,7 @@ func (c *Client) Run(ctx context.Context, req agentproto.StartRequest) (int, *Ev
 		ev, err := c.Events(ctx, sr.PID, 1, true)
 		return sr.PID, ev, err
 	}
-	return sr.PID, &EventStream{ctx: ctx, body: resp.Body, dec: dec, follow: true, c: c, pid: sr.PID, nextSeq: 1}, nil
+	return sr.PID, &EventStream{ctx: ctx, body: resp.Body, lines: lines, follow: true, c: c, pid: sr.PID, nextSeq: 1}, nil
 }
 
 // Events streams a process's events from seq from (1 = from the start).
@@ -110,7 +112,7 @@ func newEventStream(ctx context.Context, resp *http.Response, follow bool) *Even
 		br.Reset(resp.Body)
 		s.frames = br
 	} else {
-		s.dec = json.NewDecoder(bufio.NewReaderSize(resp.Body, 256<<10))
+		s.lines = bufio.NewReaderSize(resp.Body, 256<<10)
 	}
 	return s
 }
@@ -147,9 +149,9 @@ type EventStream struct {
 	exited  bool
 	free    chan []byte // output buffers handed back by Recycle
 
-	mu     sync.Mutex // body, dec and frames change on a re-attach
+	mu     sync.Mutex // body, lines and frames change on a re-attach
 	body   io.ReadCloser
-	dec    *json.Decoder // NDJSON
+	lines  *bufio.Reader // NDJSON (older agents), lines of at most MaxEventLine
 	frames *bufio.Reader // binary frames (agentproto.EventFramesType)
 	closed bool
 }
@@ -213,7 +215,7 @@ func (s *EventStream) read() (agentproto.Event, error) {
 		return ev, io.EOF
 	}
 	s.mu.Lock()
-	frames, dec := s.frames, s.dec
+	frames, lines := s.frames, s.lines
 	s.mu.Unlock()
 	var err error
 	if frames != nil {
@@ -222,9 +224,15 @@ func (s *EventStream) read() (agentproto.Event, error) {
 		case buf = <-s.free:
 		default:
 		}
-		ev, err = agentproto.ReadEventFrameInto(frames, buf)
+		ev, err = agentproto.ReadEventFrameLimit(frames, buf, MaxEventFrame)
 	} else {
-		err = dec.Decode(&ev)
+		err = decodeLine(lines, MaxEventLine, "an event stream", &ev)
+	}
+	if errors.Is(err, agentproto.ErrFrameTooLarge) {
+		err = tooLarge("an event stream", MaxEventFrame, "bytes in one event")
+	}
+	if errors.Is(err, errdefs.ErrTooLarge) {
+		return ev, err // not a broken session: no re-attach
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) && !s.follow {
@@ -264,7 +272,7 @@ func (s *EventStream) reattach() (bool, error) {
 		return false, errdefs.Conflict("stream closed")
 	}
 	s.body.Close()
-	s.body, s.dec, s.frames = ns.body, ns.dec, ns.frames
+	s.body, s.lines, s.frames = ns.body, ns.lines, ns.frames
 	return true, nil
 }
 
@@ -317,17 +325,19 @@ func (c *Client) Resize(ctx context.Context, pid int, size agentproto.PTYSize) e
 	return c.call(ctx, request{method: http.MethodPost, path: procPath(agentproto.PathResize, pid), json: size}, nil)
 }
 
-// Processes lists running and recently exited processes.
+// Processes lists running and recently exited processes (at most
+// MaxProcesses; a longer list is errdefs.ErrTooLarge).
 func (c *Client) Processes(ctx context.Context) ([]agentproto.Process, error) {
-	var out []agentproto.Process
-	err := c.call(ctx, request{method: http.MethodGet, path: agentproto.PathProcesses}, &out)
-	return out, err
+	return callList[agentproto.Process](ctx, c, request{method: http.MethodGet, path: agentproto.PathProcesses}, MaxProcesses)
 }
 
 // Process describes one process. Errors: ErrNotFound.
 func (c *Client) Process(ctx context.Context, pid int) (agentproto.Process, error) {
 	var out agentproto.Process
-	err := c.call(ctx, request{method: http.MethodGet, path: procPath(agentproto.PathProcess, pid)}, &out)
+	req := request{method: http.MethodGet, path: procPath(agentproto.PathProcess, pid)}
+	err := c.roundTrip(ctx, req, func(body io.Reader, what string) error {
+		return decodeOne(body, MaxListEntry, what, &out)
+	})
 	return out, err
 }
 

@@ -30,7 +30,9 @@ import (
 // removed when the claim does not keep it) and StartRequest.FollowInit.
 // 8: ?nofollow=1 on file removes (restores use it: a removal is not sent
 // through a symbolic link either).
-const Version = "8"
+// 9: the agent answers the host's challenge on every connection when it
+// was given a secret (--auth-file; auth.go).
+const Version = "9"
 
 // Paths served by the agent.
 const (

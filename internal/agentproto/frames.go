@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 )
 
@@ -71,20 +73,34 @@ func ReadEventFrame(r *bufio.Reader) (Event, error) {
 // it is large enough (a new buffer otherwise), so a reader that gets its
 // buffers back can stream without an allocation per frame.
 func ReadEventFrameInto(r *bufio.Reader, buf []byte) (Event, error) {
+	return ReadEventFrameLimit(r, buf, MaxFrame)
+}
+
+// ErrFrameTooLarge is the error of a frame whose payload is over the
+// reader's limit.
+var ErrFrameTooLarge = errors.New("agentproto: event frame too large")
+
+// frameGrowStep is how much of a frame's payload is allocated ahead of the
+// data arriving: a header claiming a large payload costs memory only as
+// the payload comes.
+const frameGrowStep = 64 << 10
+
+// ReadEventFrameLimit is ReadEventFrameInto refusing, with
+// ErrFrameTooLarge, a payload over limit bytes (at most MaxFrame). The
+// payload's memory grows with the data read, never to what the header
+// claims before it arrives.
+func ReadEventFrameLimit(r *bufio.Reader, buf []byte, limit int) (Event, error) {
 	var ev Event
 	var hdr [frameHeader]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return ev, err
 	}
-	n := binary.BigEndian.Uint32(hdr[17:])
-	if n > MaxFrame {
-		return ev, fmt.Errorf("agentproto: event frame of %d bytes", n)
+	n := int(binary.BigEndian.Uint32(hdr[17:]))
+	if n > min(limit, MaxFrame) {
+		return ev, fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, n)
 	}
-	if uint32(cap(buf)) < n {
-		buf = make([]byte, n)
-	}
-	payload := buf[:n] // its capacity goes back with it when recycled
-	if _, err := io.ReadFull(r, payload); err != nil {
+	payload, err := readPayload(r, buf, n)
+	if err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
@@ -107,4 +123,30 @@ func ReadEventFrameInto(r *bufio.Reader, buf []byte) (Event, error) {
 		return ev, fmt.Errorf("agentproto: unknown event frame kind %d", hdr[0])
 	}
 	return ev, nil
+}
+
+// readPayload reads n bytes into buf when it can hold them, else into a
+// buffer grown as the data arrives. Its capacity goes back with the
+// payload when recycled.
+func readPayload(r io.Reader, buf []byte, n int) ([]byte, error) {
+	if cap(buf) >= n {
+		p := buf[:n]
+		_, err := io.ReadFull(r, p)
+		return p, err
+	}
+	p := buf[:0]
+	for len(p) < n {
+		if len(p) == cap(p) {
+			p = slices.Grow(p, min(n-len(p), max(len(p), frameGrowStep)))
+		}
+		k, err := r.Read(p[len(p):min(cap(p), n)])
+		p = p[:len(p)+k]
+		if err != nil {
+			if err == io.EOF && len(p) == n {
+				break
+			}
+			return p, err
+		}
+	}
+	return p, nil
 }

@@ -98,6 +98,7 @@ func (a *app) rootCommand() *cobra.Command {
 		a.snapshotsCommand(),
 		a.diffCommand(),
 		a.restoreCommand(),
+		a.historyCommand(),
 		a.snapshotCatCommand(),
 		a.snapshotRmCommand(),
 		a.execCommand(),

@@ -272,7 +272,7 @@ func (a *app) commandsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			tw := newTable(a.stdout, "STARTED", "PID", "STATUS", "COMMAND")
+			tw := newTable(a.stdout, "ID", "STARTED", "PID", "STATUS", "COMMAND")
 			for x, err := range c.AllCommands(cmd.Context(), args[0]) {
 				if err != nil {
 					return err
@@ -287,7 +287,7 @@ func (a *app) commandsCommand() *cobra.Command {
 				if x.Background {
 					status += " (background)"
 				}
-				row(tw, x.StartedAt.Local().Format("2006-01-02 15:04:05.000"), strconv.Itoa(x.PID), status, strings.Join(x.Cmd, " "))
+				row(tw, strconv.FormatInt(x.ID, 10), x.StartedAt.Local().Format("2006-01-02 15:04:05.000"), strconv.Itoa(x.PID), status, strings.Join(x.Cmd, " "))
 			}
 			return tw.Flush()
 		},

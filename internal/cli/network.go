@@ -237,7 +237,7 @@ func (a *app) secretSetCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&hosts, "hosts", nil, "hosts the value may be sent to: exact names or *.domain (comma list, repeatable)")
+	f.StringSliceVar(&hosts, "hosts", nil, "hosts the value may be sent to: exact names or *.domain, each with :port (443 when none; comma list, repeatable)")
 	f.StringVar(&header, "header", "", "inject into this request header (e.g. Authorization)")
 	f.StringVar(&format, "format", "", "with --header: the header value, {value} standing for the secret (e.g. 'Bearer {value}')")
 	f.BoolVar(&basicAuth, "basic-auth", false, "inject as the HTTP basic-auth password")

@@ -22,6 +22,7 @@ func (a *app) createCommand() *cobra.Command {
 		env, meta []string
 		asJSON    bool
 		network   networkFlags
+		onExec    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "create [flags]",
@@ -39,6 +40,9 @@ func (a *app) createCommand() *cobra.Command {
 				return err
 			}
 			network.apply(cmd, &req)
+			if cmd.Flags().Changed("snapshot-on-exec") {
+				req.SnapshotOnExec = &onExec
+			}
 			c, err := a.sdk()
 			if err != nil {
 				return err
@@ -60,6 +64,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.IntVar(&req.TimeoutS, "timeout", 0, "seconds until the --on-timeout action (server default: 300)")
 	f.StringVar(&req.OnTimeout, "on-timeout", "", "what happens at the timeout: kill or pause (server default: kill)")
 	f.BoolVar(&req.AutoResume, "auto-resume", false, "while paused, a command, file or port request resumes it first")
+	f.BoolVar(&onExec, "snapshot-on-exec", false, "a files snapshot after every command that changed files (see space history; server default: off)")
 	f.StringArrayVar(&env, "env", nil, "environment variable KEY=VALUE for every process (repeatable)")
 	f.StringArrayVar(&meta, "metadata", nil, "metadata KEY=VALUE (repeatable)")
 	f.IntVar(&req.CPU, "cpu", 0, "vCPUs")

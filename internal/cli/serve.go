@@ -23,6 +23,7 @@ type serveFlag struct {
 func (a *app) serveCommand() *cobra.Command {
 	var cfg server.Config
 	flags := []serveFlag{
+		{name: "database", env: "SPACE_DATABASE", usage: "Postgres database of the records, postgres://USER:PASSWORD@HOST/DB (default: the SQLite file space.db under --data)", str: &cfg.Database},
 		{name: "cache", env: "SPACE_CACHE", usage: "cache directory: gVisor build, template builds (default /var/cache/space)", str: &cfg.CacheDir},
 		{name: "listen", env: "SPACE_LISTEN", usage: "address to listen on (default 127.0.0.1:7070)", str: &cfg.Listen},
 		{name: "driver", env: "SPACE_DRIVER", usage: "sandbox driver (default gvisor)", str: &cfg.Driver},
@@ -58,6 +59,7 @@ func (a *app) serveCommand() *cobra.Command {
 		{name: "metrics-listen", env: "SPACE_METRICS_LISTEN", usage: "address serving /metrics for Prometheus instead of the API listener (default: the API listener; set it when the API is reachable by tenants)", str: &cfg.MetricsListen},
 		{name: "debug-listen", env: "SPACE_DEBUG_LISTEN", usage: "loopback address serving Go pprof profiles under /debug/pprof/ (off by default)", str: &cfg.DebugListen},
 		{name: "checkpoint-on-pause", env: "SPACE_CHECKPOINT_ON_PAUSE", usage: "record a checkpoint in the timeline on every pause: on|off (default on)", str: &cfg.CheckpointOnPause},
+		{name: "snapshot-on-exec", env: "SPACE_SNAPSHOT_ON_EXEC", usage: "a files snapshot after every command that changed files, for sandboxes created without snapshot_on_exec: on|off (default off)", str: &cfg.SnapshotOnExec},
 		{name: "qemu-cgroups", env: "SPACE_QEMU_CGROUPS", usage: "put each QEMU VM in its own cgroup (CPU, memory, pids limits): on|off (default on; off only for hosts without a cgroup filesystem)", str: &cfg.QEMUCgroups},
 	}
 	cmd := &cobra.Command{

@@ -104,16 +104,19 @@ func (a *app) snapshotsCommand() *cobra.Command {
 
 func (a *app) diffCommand() *cobra.Command {
 	var asJSON bool
+	var path string
 	cmd := &cobra.Command{
-		Use:   "diff [<id>] <from-snapshot> <to-snapshot>",
-		Short: "Show which files changed between two snapshots",
+		Use:   "diff [<id>] <from-snapshot> <to-snapshot> [--path P]",
+		Short: "Show which files changed between two snapshots, or a file's unified diff",
 		Long: "Show which files changed between two snapshots, one line per path:\n\n" +
 			"  A /path (13 bytes)        added\n" +
 			"  D /path (3 bytes)         removed\n" +
 			"  M /path (3 → 13 bytes)    modified\n\n" +
 			"Directories and links show their type instead of sizes. With a sandbox id, both snapshots " +
 			"must belong to that sandbox (a guard against mixing up ids); without one, any two of your " +
-			"snapshots can be compared, e.g. a fork's against its parent's.",
+			"snapshots can be compared, e.g. a fork's against its parent's.\n\n" +
+			"With --path, the unified diff of that one text file instead (a binary file, or one over " +
+			"1 MiB, is reported as such).",
 		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.sdk()
@@ -125,6 +128,9 @@ func (a *app) diffCommand() *cobra.Command {
 				if err := checkOwner(cmd.Context(), c, args[0], from, to); err != nil {
 					return err
 				}
+			}
+			if path != "" {
+				return a.diffFile(cmd.Context(), c, from, to, path, asJSON)
 			}
 			changes, err := c.DiffSnapshots(cmd.Context(), from, to)
 			if err != nil {
@@ -143,6 +149,7 @@ func (a *app) diffCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the changes as JSON")
+	cmd.Flags().StringVar(&path, "path", "", "show the unified diff of this file")
 	return cmd
 }
 
@@ -182,22 +189,31 @@ func fmtChange(ch space.Change) string {
 
 func (a *app) restoreCommand() *cobra.Command {
 	var sid string
+	var before int64
 	cmd := &cobra.Command{
-		Use:   "restore <id> --snapshot <sid> [paths...]",
+		Use:   "restore <id> (--snapshot <sid> | --before <command-id>) [paths...]",
 		Short: "Bring files of a running sandbox back to how they were in a snapshot",
 		Long: "Bring the given paths (every path when none are given) of a running sandbox back to how they " +
 			"were in a snapshot: changed files are rewritten and files added since are removed. " +
+			"With --before, as they were before that command (an id from space commands) started: " +
+			"from the newest snapshot taken before it (a sandbox created with --snapshot-on-exec has " +
+			"one after every command); a file that did not exist then is removed. " +
 			"Prints one line per path: \"restored /path\" or \"removed /path\".",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if sid == "" {
-				return usageError(cmd, "--snapshot is required")
+			if (sid == "") == (before == 0) {
+				return usageError(cmd, "give --snapshot or --before")
 			}
 			c, err := a.sdk()
 			if err != nil {
 				return err
 			}
-			res, err := c.RestoreFiles(cmd.Context(), args[0], sid, args[1:])
+			var res *space.RestoreResult
+			if before != 0 {
+				res, err = c.RestoreBefore(cmd.Context(), args[0], before, args[1:])
+			} else {
+				res, err = c.RestoreFiles(cmd.Context(), args[0], sid, args[1:])
+			}
 			if err != nil {
 				return err
 			}
@@ -213,7 +229,8 @@ func (a *app) restoreCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&sid, "snapshot", "", "snapshot to restore from (required)")
+	cmd.Flags().StringVar(&sid, "snapshot", "", "snapshot to restore from")
+	cmd.Flags().Int64Var(&before, "before", 0, "restore as the files were before this command id (space commands) started")
 	return cmd
 }
 

@@ -147,7 +147,7 @@ func TestCLISnapshotVerbs(t *testing.T) {
 			"restored /home/user/a.txt\nremoved /home/user/new\n", "",
 			"POST /v1/sandboxes/sb_1/restore", map[string]any{"snapshot": "snap-a"}},
 		{"restore needs snapshot", []string{"restore", "sb_1"}, 1, "",
-			"space: --snapshot is required (usage: space restore <id> --snapshot <sid> [paths...] [flags])\n", "", nil},
+			"space: give --snapshot or --before (usage: space restore <id> (--snapshot <sid> | --before <command-id>) [paths...] [flags])\n", "", nil},
 		{"cat file", []string{"snapshot-cat", "snap-a", "/home/user/a.txt"}, 0, "old\n", "", "", nil},
 		{"cat missing", []string{"snapshot-cat", "snap-a", "/nope"}, 1, "", "space: /nope: not in snapshot\n", "", nil},
 		{"rm", []string{"snapshot-rm", "snap-a", "snap-z", "snap-b"}, 1, "", "space: snap-z: snapshot snap-z not found\n", "", nil},

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -60,10 +58,11 @@ func (h *Handler) controlMux() http.Handler {
 	auth("POST /sandboxes/{id}/timeout", h.setTimeout)
 	auth("POST /sandboxes/{id}/refreshes", h.refresh)
 	auth("POST /sandboxes/{id}/pause", h.pause)
-	auth("GET /sandboxes/{id}/metrics", h.metrics)
+	auth("GET /sandboxes/{id}/metrics", h.metricsHandler)
 	auth("POST /sandboxes/{id}/snapshots", h.createSnapshot)
 	auth("GET /snapshots", h.listSnapshots)
 	auth("DELETE /templates/{id}", h.deleteSnapshot)
+	auth("GET /templates/aliases/{alias}", h.templateAlias)
 	auth("POST /sandboxes/{id}/fork", h.fork)
 	auth("PUT /sandboxes/{id}/network", h.updateNetwork)
 	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
@@ -268,6 +267,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 		h.writeError(w, r, err)
 		return
 	}
+	h.metrics.track(sb.ID)
 	writeJSON(w, http.StatusCreated, h.sandboxJSON(sb))
 }
 
@@ -324,6 +324,7 @@ func (h *Handler) forget(id string) {
 	delete(h.interpState.sandboxes, id)
 	h.interpState.mu.Unlock()
 	h.watchers.forget(id)
+	h.metrics.forget(id)
 }
 
 type timeoutBody struct {
@@ -351,13 +352,27 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, c sandbox.Call
 		}
 		status = http.StatusCreated
 	}
-	if b.Timeout != nil && *b.Timeout > 0 {
+	// E2B only ever extends a sandbox's life on connect: a timeout that
+	// ends earlier than the current end time changes nothing (the SDK
+	// sends 300 s by default, which cut an hour-long sandbox to 5 minutes).
+	if b.Timeout != nil && *b.Timeout > 0 && extends(sb, *b.Timeout, time.Now()) {
 		if sb, err = h.svc.SetTimeout(r.Context(), c, sb.ID, *b.Timeout); err != nil {
 			h.writeError(w, r, err)
 			return
 		}
 	}
+	h.metrics.track(sb.ID)
 	writeJSON(w, status, h.sandboxJSON(sb))
+}
+
+// extends reports whether a timeout of timeoutS from now ends later than
+// sb's current end time (a sandbox without one is not extended: it does
+// not expire).
+func extends(sb store.Sandbox, timeoutS int, now time.Time) bool {
+	if sb.ExpiresAt.IsZero() {
+		return false
+	}
+	return now.Add(time.Duration(timeoutS) * time.Second).After(sb.ExpiresAt)
 }
 
 func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
@@ -413,7 +428,13 @@ func (h *Handler) pause(w http.ResponseWriter, r *http.Request, c sandbox.Caller
 	}
 	sb, err := h.live(r, c)
 	if err == nil {
-		_, err = h.svc.Pause(r.Context(), c, sb.ID)
+		if b.Memory != nil && !*b.Memory {
+			// keepMemory: false: the files only; the resume boots
+			// fresh from them.
+			_, err = h.svc.PauseFiles(r.Context(), c, sb.ID)
+		} else {
+			_, err = h.svc.Pause(r.Context(), c, sb.ID)
+		}
 	}
 	if err != nil {
 		h.writeError(w, r, err)
@@ -477,9 +498,9 @@ func parseListQuery(q url.Values) (listQuery, error) {
 	}
 	lq.template = q.Get("template")
 	switch q.Get("order") {
-	case "", "asc":
-	case "desc":
+	case "", "desc": // E2B's default: newest first
 		lq.desc = true
+	case "asc":
 	default:
 		return lq, errdefs.InvalidArgument("order: asc or desc")
 	}
@@ -493,36 +514,34 @@ func parseListQuery(q url.Values) (listQuery, error) {
 	return lq, nil
 }
 
-// list serves GET /v2/sandboxes: one page of the caller's sandboxes
-// (space's own paging; X-Next-Token carries its cursor). startedAfter,
-// template and order apply within the page.
+// list serves GET /v2/sandboxes: one page of the caller's sandboxes,
+// newest first unless order=asc, with X-Next-Token carrying the cursor.
+// Every filter (state, metadata, startedAfter, template) and the order
+// apply in the store, across the whole result set, so pages of a filtered
+// list are full and do not overlap.
 func (h *Handler) list(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 	lq, err := parseListQuery(r.URL.Query())
 	if err != nil {
 		h.writeError(w, r, err)
 		return
 	}
-	sbs, next, err := h.svc.List(r.Context(), c, sandbox.ListOptions{States: lq.states, Metadata: lq.metadata, Limit: lq.limit, Cursor: lq.next})
+	o := sandbox.ListOptions{States: lq.states, Metadata: lq.metadata, Limit: lq.limit, Cursor: lq.next,
+		CreatedFrom: lq.startedAfter, Newest: lq.desc}
+	if lq.template != "" {
+		o.Templates = []string{lq.template}
+		if t, ok := templateAliases[lq.template]; ok && t != lq.template {
+			o.Templates = append(o.Templates, t)
+		}
+	}
+	sbs, next, err := h.svc.List(r.Context(), c, o)
 	if err != nil {
 		h.writeError(w, r, err)
 		return
 	}
 	out := []detailJSON{}
 	for _, sb := range sbs {
-		if !lq.startedAfter.IsZero() && !sb.CreatedAt.After(lq.startedAfter) {
-			continue
-		}
-		if lq.template != "" && sb.Template != lq.template && templateAliases[lq.template] != sb.Template {
-			continue
-		}
 		out = append(out, h.detailJSON(sb, false))
 	}
-	sort.SliceStable(out, func(i, j int) bool {
-		if lq.desc {
-			return out[i].StartedAt.After(out[j].StartedAt)
-		}
-		return out[i].StartedAt.Before(out[j].StartedAt)
-	})
 	if next != "" {
 		w.Header().Set("X-Next-Token", next)
 	}
@@ -537,31 +556,6 @@ func (h *Handler) listV1(w http.ResponseWriter, r *http.Request, c sandbox.Calle
 	}
 	r.URL.RawQuery = q.Encode()
 	h.list(w, r, c)
-}
-
-// metrics answers one sample: the guest's CPU, memory and disk use
-// (Service.Usage) while it runs, the sandbox's limits otherwise.
-func (h *Handler) metrics(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
-	sb, err := h.live(r, c)
-	if err != nil {
-		h.writeError(w, r, err)
-		return
-	}
-	u := sandbox.Usage{At: time.Now().UTC()}
-	u.CPUCount, u.MemTotal, u.DiskTotal = sb.CPU, int64(sb.MemoryMB)<<20, int64(diskMB(sb))<<20
-	if sb.State == sandbox.StateRunning {
-		if got, err := h.svc.Usage(r.Context(), c, sb.ID); err == nil {
-			u = got
-		} else {
-			h.log.Warn("e2b metrics", "sandbox", sb.ID, "err", err)
-		}
-	}
-	writeJSON(w, http.StatusOK, []map[string]any{{
-		"timestamp": u.At.Format(time.RFC3339), "timestampUnix": u.At.Unix(),
-		"cpuCount": u.CPUCount, "cpuUsedPct": math.Round(u.CPUUsedPct*10) / 10,
-		"memUsed": u.MemUsed, "memTotal": u.MemTotal, "memCache": u.MemCache,
-		"diskUsed": u.DiskUsed, "diskTotal": u.DiskTotal,
-	}})
 }
 
 type snapshotJSON struct {
@@ -655,6 +649,28 @@ func (h *Handler) deleteSnapshot(w http.ResponseWriter, r *http.Request, c sandb
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// templateAlias serves GET /templates/aliases/{alias} (Template.exists):
+// 200 {templateID, public} for a template this server has (E2B's aliases
+// or a space template name), a 404 otherwise. Space's templates serve
+// every team, so each is public. A snapshot id is not an alias.
+func (h *Handler) templateAlias(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	alias := r.PathValue("alias")
+	name := alias
+	if t, ok := templateAliases[alias]; ok && alias != "" {
+		name = t
+	}
+	// A template being built, or whose build failed, exists too: its name
+	// is taken (E2B's alias exists from the build's start).
+	if _, err := h.cfg.Store.GetTemplate(r.Context(), name); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			err = errdefs.NotFound("template alias %q not found", alias)
+		}
+		h.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"templateID": alias, "public": true})
 }
 
 func (h *Handler) fork(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {

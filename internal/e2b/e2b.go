@@ -73,6 +73,7 @@ type Handler struct {
 	ports    *portproxy.Proxy
 	procs    *processServer
 	watchers *watchers
+	metrics  *metricsHistory
 	// interpState holds the code interpreter's contexts.
 	interpState *interpreter
 }
@@ -86,7 +87,7 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("e2b token key: %w", err)
 	}
-	h := &Handler{cfg: cfg, svc: cfg.Service, log: cfg.Log.With("api", "e2b"), tokenKey: key, watchers: newWatchers()}
+	h := &Handler{cfg: cfg, svc: cfg.Service, log: cfg.Log.With("api", "e2b"), tokenKey: key, watchers: newWatchers(), metrics: newMetricsHistory()}
 	h.control = h.controlMux()
 	h.envd = h.envdMux()
 	h.interpState = &interpreter{sandboxes: map[string]map[string]*codeContext{}}
@@ -112,8 +113,14 @@ func Serve(ctx context.Context, addr string, cfg Config) (wait func(), err error
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
 		BaseContext: func(net.Listener) context.Context { return reqCtx }}
 	done := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		h.sampleMetrics(ctx)
+	}()
 	go func() {
 		defer close(done)
+		defer func() { <-sampled }()
 		defer cancelRequests()
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)

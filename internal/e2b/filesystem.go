@@ -49,7 +49,13 @@ func entryInfo(fi agentproto.FileInfo) *filesystem.EntryInfo {
 		e.Type = filesystem.FileType_FILE_TYPE_SYMLINK
 		mode |= os.ModeSymlink
 		if fi.Target != "" {
+			// envd reports the target as an absolute path (it resolves
+			// the link); the agent gives what the link holds, which may
+			// be relative to the link's directory.
 			target := fi.Target
+			if !path.IsAbs(target) {
+				target = path.Join(path.Dir(fi.Path), target)
+			}
 			e.SymlinkTarget = &target
 		}
 	}
@@ -121,7 +127,9 @@ func (f *filesystemServer) ListDir(ctx context.Context, req *connect.Request[fil
 
 func (f *filesystemServer) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
 	t := targetOf(ctx)
-	if err := f.h.svc.Remove(ctx, t.caller, t.id, req.Msg.GetPath(), true); err != nil {
+	// envd removes with os.RemoveAll: a path that is not there is no
+	// error (the sandbox itself was checked before the request got here).
+	if err := f.h.svc.Remove(ctx, t.caller, t.id, req.Msg.GetPath(), true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, connectError(err)
 	}
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
@@ -193,6 +201,9 @@ func (f *filesystemServer) WatchDir(ctx context.Context, req *connect.Request[fi
 				return err
 			}
 		case it, ok := <-ch:
+			if it.err != nil && f.h.sandboxEnded(t.id) {
+				dropConnection() // the sandbox was killed under the watch: as E2B
+			}
 			if !ok || it.err == io.EOF {
 				return nil
 			}

@@ -480,7 +480,13 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	})
 	evs.Close()
 	if !done && ctx.Err() == nil {
+		// The kernel's output broke off with the execution unfinished
+		// (the sandbox was killed, or its agent is unreachable): an
+		// ended body would read as an empty execution, so the
+		// connection is dropped and runCode fails (the SDK then tells
+		// a killed sandbox apart by envd's /health).
 		h.log.Warn("code interpreter: output ended before the execution did", "sandbox", t.id, "context", c.ID)
+		dropConnection()
 	}
 	if !done && ctx.Err() != nil && c.pid != 0 {
 		// The client stopped waiting (its timeoutMs) with the cell still

@@ -154,6 +154,9 @@ func (p *processServer) stream(ctx context.Context, t envdTarget, pid int, isPTY
 			if !ok {
 				return nil
 			}
+			if it.err != nil && p.h.sandboxEnded(t.id) {
+				dropConnection() // killed while the client waited: as E2B
+			}
 			if it.err == io.EOF {
 				return connect.NewError(connect.CodeUnavailable, fmt.Errorf("process %d: stream ended without an exit", pid))
 			}

@@ -30,6 +30,9 @@ const (
 	ReasonLeak          = "placeholder_leak" // a secret placeholder sent where it may not go
 	ReasonProtocol      = "protocol"         // malformed request or wrong protocol for the port
 	ReasonEncoded       = "encoded_response" // a secret's host answered in an encoding the proxy cannot scrub
+	ReasonPartial       = "partial_response" // a secret's host answered 206 (ranges are not asked of it)
+	ReasonSecretValue   = "secret_value"     // the sandbox sent a secret's value itself (a guess): the secret is revoked for it
+	ReasonRevoked       = "secret_revoked"   // a request to the hosts of a secret revoked for the sandbox
 	ReasonConnLimit     = "connection_limit" // the sandbox has Config.MaxConns connections open
 	ReasonPolicyChanged = "policy_changed"   // the sandbox's policy changed and refuses it now (an open connection is closed)
 )

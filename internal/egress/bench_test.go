@@ -20,7 +20,7 @@ func BenchmarkProxyConnect(b *testing.B) {
 	e := newEnv(b)
 	e.allow(b, fmt.Sprintf("allowed.test:%d,allowed.test:%d,secret.test:%d", e.httpPort, e.tlsPort, e.tlsPort), "")
 	ph := NewPlaceholder()
-	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("bench-value"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}}); err != nil {
+	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("bench-value"), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}}); err != nil {
 		b.Fatal(err)
 	}
 	direct := func(keep bool) *http.Client {
@@ -79,7 +79,7 @@ func BenchmarkProxyThroughput(b *testing.B) {
 	e.allow(b, fmt.Sprintf("allowed.test:%d,secret.test:%d", e.tlsPort, e.tlsPort), "")
 	ph := NewPlaceholder()
 	// A token-sized value: responses from its host are scrubbed of it.
-	e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "X-T"}}})
+	e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "X-T"}}})
 	const size = 100 << 20
 	for _, c := range []struct{ name, url string }{
 		{"direct", fmt.Sprintf("https://127.0.0.1:%d/?size=%d", e.tlsPort, size)},
@@ -128,6 +128,49 @@ func BenchmarkWSScrub(b *testing.B) {
 	for b.Loop() {
 		r := newWSScrubReader(sc, bufio.NewReaderSize(bytes.NewReader(in), 64<<10))
 		if _, err := io.Copy(io.Discard, r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchBody is 4 MiB of text with base64 runs and no secret: what a
+// scrubbed response body or a guarded request body usually is.
+func benchBody() []byte {
+	var buf bytes.Buffer
+	for i := 0; buf.Len() < 4<<20; i++ {
+		fmt.Fprintf(&buf, `{"id": %d, "name": "item-%d \"q\"", "blob": "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo%04d=="}`+"\n", i, i, i%10000)
+	}
+	return buf.Bytes()
+}
+
+// BenchmarkScrubBody is the response scrubber's throughput for a
+// token-sized secret (raw, escaped, formatted and base64 forms).
+func BenchmarkScrubBody(b *testing.B) {
+	hosts, _ := hostPatterns([]string{"h.test"})
+	sc := newScrubber([]*boundSecret{{placeholder: NewPlaceholder(), secret: Secret{Name: "T", Value: []byte("ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"), Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}, hosts: hosts}}, "h.test")
+	in := benchBody()
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		r := &scrubReader{sc: sc, r: bytes.NewReader(in), c: io.NopCloser(nil)}
+		if _, err := io.Copy(io.Discard, r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkGuardBody is the cost of searching a request body to a
+// secret's host for the value (guess.go), read 32 KiB at a time.
+func BenchmarkGuardBody(b *testing.B) {
+	hosts, _ := hostPatterns([]string{"h.test"})
+	sc := newScrubber([]*boundSecret{{placeholder: NewPlaceholder(), secret: Secret{Name: "T", Value: []byte("ghp_0123456789abcdefghijklmnopqrstuvwxyzAB"), Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}, hosts: hosts}}, "h.test")
+	in := benchBody()
+	buf := make([]byte, 32<<10)
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		g := &guardReader{sc: sc, r: bytes.NewReader(in)}
+		if _, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{g}, buf); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -72,12 +72,18 @@
 // replaces the placeholder at the secret's configured place (a header with a
 // format such as "Bearer {value}", basic-auth password, or a query
 // parameter) and forwards over a verified TLS connection to the vetted
-// upstream address. A placeholder seen anywhere it may not go (another host,
-// plain HTTP, the CONNECT host) refuses the request and is audited as
-// placeholder_leak. Request bodies, and TLS tunnels of sandboxes without
-// secrets (nothing to leak), are not inspected. The value
-// never reaches logs, audit records or errors: [Secret] redacts itself for
-// slog, fmt and JSON.
+// upstream address, on the ports the secret's host entry names (443 when it
+// names none). A placeholder seen anywhere it may not go (another host or
+// port, plain HTTP, the CONNECT host) refuses the request and is audited as
+// placeholder_leak. Responses from a secret's hosts are scrubbed of its
+// value (scrub.go, scrub64.go, wsscrub.go); a request of the sandbox's own
+// that carries the value is a guess: refused, and the secret revoked for
+// the sandbox (guess.go). After a 101 only WebSocket frames pass, on the
+// one upstream connection (wsclient.go). Request bodies are not searched
+// for placeholders (only, toward a secret's hosts, for its value), and TLS
+// tunnels of sandboxes without secrets (nothing to leak) are not
+// inspected. The value never reaches logs, audit records or errors:
+// [Secret] redacts itself for slog, fmt and JSON.
 //
 // # Limits
 //

@@ -89,7 +89,11 @@ func (u *upstream) handler() http.Handler {
 		u.seen = append(u.seen, line+" headers="+fmt.Sprint(r.Header))
 		u.mu.Unlock()
 		q := r.URL.Query()
-		if up := r.Header.Get("Upgrade"); up != "" {
+		up := r.Header.Get("Upgrade")
+		if f := q.Get("force101"); f != "" {
+			up = f // a 101 to a protocol the client may not have asked for
+		}
+		if up != "" {
 			// A WebSocket (or another protocol) that sends back what it
 			// was given: the credential, and the extensions it was offered.
 			c, brw, err := http.NewResponseController(w).Hijack()
@@ -98,11 +102,65 @@ func (u *upstream) handler() http.Handler {
 			}
 			defer c.Close()
 			fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: %s\r\nConnection: Upgrade\r\n\r\n", up)
+			if q.Get("reparse") != "" {
+				// An upstream that goes on reading HTTP after its 101:
+				// what reaches it is recorded as a request.
+				brw.Flush()
+				for {
+					req, err := http.ReadRequest(brw.Reader)
+					if err != nil {
+						return
+					}
+					u.mu.Lock()
+					u.seen = append(u.seen, "after-101 host="+req.Host+" path="+req.URL.Path)
+					u.mu.Unlock()
+					fmt.Fprintf(brw, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+					brw.Flush()
+				}
+			}
+			if q.Get("wsecho") != "" { // sends the client's frames back as they are (masked)
+				brw.Flush()
+				io.Copy(c, brw)
+				return
+			}
 			msg := []byte("auth=" + r.Header.Get("Authorization") + " ext=" + r.Header.Get("Sec-WebSocket-Extensions"))
 			brw.Write(appendWSFrame(nil, true, 1, msg))
 			brw.Write(appendWSFrame(nil, true, 8, append([]byte{3, 232}, msg[:min(len(msg), 100)]...)))
 			brw.Flush()
 			io.Copy(io.Discard, brw) // until the client goes
+			return
+		}
+		auth := r.Header.Get("Authorization")
+		switch {
+		case q.Get("echo") != "": // the request body, sent back
+			w.Write(body)
+			return
+		case q.Get("status") != "": // the credential in reason phrases (103, then 200; HEAD too)
+			c, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			fmt.Fprintf(brw, "HTTP/1.1 103 Hints %s\r\nLink: <%s>\r\n\r\n", auth, auth)
+			fmt.Fprintf(brw, "HTTP/1.1 200 Fine %s\r\nContent-Length: 2\r\nConnection: close\r\n\r\n", auth)
+			if r.Method != http.MethodHead {
+				brw.WriteString("ok")
+			}
+			brw.Flush()
+			return
+		case q.Get("ce2") != "": // Content-Encoding lines as given ("identity|gzip": two lines)
+			w.Header()["Content-Encoding"] = strings.Split(q.Get("ce2"), "|")
+			zw := gzip.NewWriter(w)
+			fmt.Fprint(zw, "auth="+auth)
+			zw.Close()
+			return
+		case q.Get("ranged") != "": // honours Range over a body that reflects the credential
+			http.ServeContent(w, r, "echo.txt", time.Time{}, strings.NewReader("auth="+auth+" end"))
+			return
+		case q.Get("partial") != "": // a 206 nobody asked for
+			w.Header().Set("Content-Range", "bytes 0-5/100")
+			w.WriteHeader(http.StatusPartialContent)
+			fmt.Fprint(w, auth[:min(len(auth), 6)])
 			return
 		}
 		if n, err := strconv.Atoi(q.Get("size")); err == nil {
@@ -272,6 +330,9 @@ func serveProxy(t testing.TB, p *Proxy, sandboxID string) string {
 	})
 	return ln.Addr().String()
 }
+
+// secretHost is the binding of secret.test on the TLS upstream's port.
+func (e *env) secretHost() string { return fmt.Sprintf("secret.test:%d", e.tlsPort) }
 
 func (e *env) allow(t testing.TB, allow, deny string) {
 	t.Helper()

@@ -268,7 +268,13 @@ func hostPatterns(hosts []string) ([]*rule, error) {
 	}
 	var out []*rule
 	for _, h := range hosts {
-		r, err := compileRule(Rule{Host: h}, nil)
+		// "host" or "host:port": a secret goes only to the ports it is
+		// bound to, 443 when the binding names none.
+		pr, err := parseRule(h)
+		if err != nil {
+			return nil, err
+		}
+		r, err := compileRule(pr, []int{443})
 		if err != nil {
 			return nil, err
 		}

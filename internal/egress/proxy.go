@@ -100,6 +100,9 @@ type Proxy struct {
 	mu    sync.RWMutex
 	sbs   map[string]*sandboxState
 	conns map[string]map[net.Conn]*tracked
+	// revoked holds, per sandbox, the secrets a request of its own
+	// carried the value of (guess.go).
+	revoked map[string]map[string]bool
 }
 
 // tracked is one open client connection of a sandbox.
@@ -131,7 +134,14 @@ type boundSecret struct {
 	hosts       []*rule
 }
 
-func (b *boundSecret) matchHost(h string) bool {
+// matchHost reports whether the secret is injected on requests to h:port.
+func (b *boundSecret) matchHost(h string, port int) bool {
+	return slices.ContainsFunc(b.hosts, func(r *rule) bool { return r.matchName(h) && r.matchPort(port) })
+}
+
+// matchName reports whether h is one of the secret's hosts, on any port
+// (responses from it are scrubbed).
+func (b *boundSecret) matchName(h string) bool {
 	return slices.ContainsFunc(b.hosts, func(r *rule) bool { return r.matchName(h) })
 }
 
@@ -188,6 +198,7 @@ func New(cfg Config) (*Proxy, error) {
 		metrics: newMetrics(),
 		sbs:     map[string]*sandboxState{},
 		conns:   map[string]map[net.Conn]*tracked{},
+		revoked: map[string]map[string]bool{},
 	}, nil
 }
 
@@ -237,7 +248,7 @@ func (p *Proxy) BindSecrets(sandboxID string, secrets map[string]Secret) error {
 		if !placeholderRE.MatchString(ph) {
 			return errdefs.InvalidArgument("secret %s: placeholder is not one minted by NewPlaceholder", s.Name)
 		}
-		if err := s.Validate(); err != nil {
+		if err := s.validate(); err != nil {
 			return err
 		}
 		hs, err := hostPatterns(s.Hosts)
@@ -266,6 +277,7 @@ func (p *Proxy) BindSecrets(sandboxID string, secrets map[string]Secret) error {
 func (p *Proxy) RemoveSandbox(sandboxID string) {
 	p.mu.Lock()
 	delete(p.sbs, sandboxID)
+	delete(p.revoked, sandboxID)
 	conns := p.conns[sandboxID]
 	delete(p.conns, sandboxID)
 	p.mu.Unlock()
@@ -753,10 +765,16 @@ func (s *session) plain(ctx context.Context, req *http.Request, hostHdr string) 
 	}
 	req.Host = u.Host
 	u0, d0 := s.up.up.Load(), s.up.down.Load()
-	closeAfter, upgraded, err := roundTrip(req, s.c, s.up, s.upbr, nil) // plain HTTP: secrets go only over TLS
+	closeAfter, ws, err := roundTrip(req, s.c, s.up, s.upbr, nil) // plain HTTP: secrets go only over TLS
 	rec.BytesUp, rec.BytesDown = s.up.up.Load()-u0, s.up.down.Load()-d0
-	if upgraded {
-		pipe(s.c, s.br, s.up, s.upbr)
+	if errors.Is(err, errUpgrade) {
+		s.closeUpstream()
+		s.refuse(s.c, rec, http.StatusBadGateway, ReasonProtocol, "only WebSocket upgrades are let through")
+		return false
+	}
+	if ws != nil {
+		// Pinned to this upstream connection, frames only (wsclient.go).
+		pipe(s.c, newWSClientReader(s.br, ws.ext, nil), s.up, s.upbr)
 		rec.BytesUp, rec.BytesDown = s.up.up.Load()-u0, s.up.down.Load()-d0
 		return false
 	}

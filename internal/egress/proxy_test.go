@@ -300,9 +300,9 @@ func TestSecretInjection(t *testing.T) {
 	const value = "s3cr3t-VALUE-9f8e7d"
 	phTok, phBasic, phQuery, phOther := NewPlaceholder(), NewPlaceholder(), NewPlaceholder(), NewPlaceholder()
 	err := e.p.BindSecrets(testSandbox, map[string]Secret{
-		phTok:   {Name: "GITHUB_TOKEN", Value: []byte(value), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}},
-		phBasic: {Name: "GIT_PASS", Value: []byte(value + "-basic"), Hosts: []string{"*.secret.test", "secret.test"}, Inject: Injection{BasicAuth: &BasicAuth{User: "x-access-token"}}},
-		phQuery: {Name: "API_KEY", Value: []byte(value + "&q"), Hosts: []string{"secret.test"}, Inject: Injection{QueryParam: "key"}},
+		phTok:   {Name: "GITHUB_TOKEN", Value: []byte(value), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}},
+		phBasic: {Name: "GIT_PASS", Value: []byte(value + "-basic"), Hosts: []string{"*.secret.test", e.secretHost()}, Inject: Injection{BasicAuth: &BasicAuth{User: "x-access-token"}}},
+		phQuery: {Name: "API_KEY", Value: []byte(value + "&q"), Hosts: []string{e.secretHost()}, Inject: Injection{QueryParam: "key"}},
 		phOther: {Name: "OTHER", Value: []byte("other-value-123"), Hosts: []string{"nowhere.test"}, Inject: Injection{Header: "X-Token"}},
 	})
 	if err != nil {
@@ -396,7 +396,7 @@ func TestSecretInjection(t *testing.T) {
 	}
 
 	// The value appears nowhere: logs, audit, errors, fmt, JSON.
-	sec := Secret{Name: "GITHUB_TOKEN", Value: []byte(value), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization"}}
+	sec := Secret{Name: "GITHUB_TOKEN", Value: []byte(value), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "Authorization"}}
 	e.p.log.Info("a secret", "secret", sec)
 	ab, _ := json.Marshal(rs)
 	sb, _ := json.Marshal(sec)
@@ -420,7 +420,7 @@ func TestSecretBindingInterceptsEveryTLSTunnel(t *testing.T) {
 		t.Error("intercepting without secrets")
 	}
 	ph := NewPlaceholder()
-	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("v"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "X-T"}}}); err != nil {
+	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("v"), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "X-T"}}}); err != nil {
 		t.Fatal(err)
 	}
 	s := &session{p: e.p, sb: testSandbox}
@@ -437,7 +437,7 @@ func TestUpstreamCertificateVerified(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.RootCAs = nil })
 	e.allow(t, fmt.Sprintf("secret.test:%d", e.tlsPort), "")
 	ph := NewPlaceholder()
-	e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("value-xyz"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization"}}})
+	e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte("value-xyz"), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "Authorization"}}})
 	code, _, err := e.get(t, e.client(false), fmt.Sprintf("https://secret.test:%d/", e.tlsPort), "Authorization", ph)
 	if err != nil || code != 502 {
 		t.Errorf("untrusted upstream: %d %v", code, err)
@@ -538,7 +538,7 @@ func TestSlowTLSClientStillIntercepted(t *testing.T) {
 	e.allow(t, target, "")
 	const value = "slow-client-value-42"
 	ph := NewPlaceholder()
-	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte(value), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization"}}}); err != nil {
+	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "T", Value: []byte(value), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "Authorization"}}}); err != nil {
 		t.Fatal(err)
 	}
 	c, st := e.rawConnect(t, target)
@@ -570,7 +570,7 @@ func TestServerSpeaksFirstRelayedRaw(t *testing.T) {
 		target := fmt.Sprintf("allowed.test:%d", port)
 		e.allow(t, target, "")
 		if secrets {
-			e.p.BindSecrets(testSandbox, map[string]Secret{NewPlaceholder(): {Name: "T", Value: []byte("v"), Hosts: []string{"secret.test"}, Inject: Injection{Header: "X-T"}}})
+			e.p.BindSecrets(testSandbox, map[string]Secret{NewPlaceholder(): {Name: "T", Value: []byte("v"), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "X-T"}}})
 		}
 		c, st := e.rawConnect(t, target)
 		if c == nil {
@@ -598,8 +598,8 @@ func TestSecretReflection(t *testing.T) {
 	const value = "QSECRET_A_456-reflected"
 	phTok, phQuery := NewPlaceholder(), NewPlaceholder()
 	if err := e.p.BindSecrets(testSandbox, map[string]Secret{
-		phTok:   {Name: "TOK", Value: []byte(value), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}},
-		phQuery: {Name: "QTOK", Value: []byte(value + "/q"), Hosts: []string{"secret.test"}, Inject: Injection{QueryParam: "key"}},
+		phTok:   {Name: "TOK", Value: []byte(value), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}},
+		phQuery: {Name: "QTOK", Value: []byte(value + "/q"), Hosts: []string{e.secretHost()}, Inject: Injection{QueryParam: "key"}},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -680,8 +680,7 @@ func TestSecretReflection(t *testing.T) {
 func TestScrubReaderBoundaries(t *testing.T) {
 	sc := &scrubber{}
 	for _, n := range []string{"needle-long-one", "needle", "edle-lo"} {
-		sc.needles = append(sc.needles, []byte(n))
-		sc.repl = append(sc.repl, []byte("<"+strings.ToUpper(n[:2])+">"))
+		sc.needles = append(sc.needles, needle{core: []byte(n), repl: []byte("<" + strings.ToUpper(n[:2]) + ">")})
 		sc.max = max(sc.max, len(n))
 	}
 	in := strings.Repeat("xx needle-long-one yy needle zz needl", 50) + "e"

@@ -366,10 +366,24 @@ func (s *session) relay(tun *Record, cw net.Conn, br *bufio.Reader, up net.Conn,
 		}
 		req.Host = hostHdr
 		state := s.p.view(s.sb)
+		var sc *scrubber
+		if intercepted {
+			if name := s.p.revokedFor(s.sb, state, rec.Host); name != "" {
+				rec.Secret = name
+				refuse(http.StatusForbidden, ReasonRevoked, "secret "+name+" is revoked for this sandbox: a request of its own carried the value")
+				return
+			}
+			if sc = newScrubber(state.secrets, rec.Host); sc != nil {
+				if name := sc.guessIn(req); name != "" { // before injection: only the sandbox's own text
+					s.guessed(rec, cw, name)
+					return
+				}
+			}
+		}
 		var names []string
 		if intercepted {
 			for _, b := range state.secrets {
-				if b.matchHost(rec.Host) && b.inject(req) {
+				if b.matchHost(rec.Host, rec.Port) && b.inject(req) {
 					names = append(names, b.secret.Name)
 				}
 			}
@@ -383,37 +397,78 @@ func (s *session) relay(tun *Record, cw net.Conn, br *bufio.Reader, up net.Conn,
 		for _, n := range names {
 			used[n] = true
 		}
-		var sc *scrubber
-		if intercepted {
-			sc = newScrubber(state.secrets, rec.Host)
+		var guard *guardReader
+		if sc != nil && req.Body != nil && req.Body != http.NoBody {
+			guard = &guardReader{sc: sc, r: req.Body}
+			req.Body = guard
 		}
 		u0, d0 := cnt.up.Load(), cnt.down.Load()
-		closeAfter, upgraded, err := roundTrip(req, cw, up, upbr, sc)
-		if errors.Is(err, errEncoded) {
+		closeAfter, ws, err := roundTrip(req, cw, up, upbr, sc)
+		switch {
+		case errors.Is(err, errUpgrade):
+			rec.BytesUp, rec.BytesDown = cnt.up.Load()-u0, cnt.down.Load()-d0
+			refuse(http.StatusBadGateway, ReasonProtocol, "only WebSocket upgrades are let through")
+			return
+		case guard != nil && guard.found != "":
+			rec.BytesUp, rec.BytesDown = cnt.up.Load()-u0, cnt.down.Load()-d0
+			s.guessed(rec, cw, guard.found)
+			return
+		case errors.Is(err, errEncoded):
 			rec.BytesUp, rec.BytesDown = cnt.up.Load()-u0, cnt.down.Load()-d0
 			refuse(http.StatusBadGateway, ReasonEncoded, "the response of a host holding a secret must be readable: an identity or gzip body, or a WebSocket without extensions")
 			return
+		case errors.Is(err, errPartial):
+			rec.BytesUp, rec.BytesDown = cnt.up.Load()-u0, cnt.down.Load()-d0
+			refuse(http.StatusBadGateway, ReasonPartial, "a host holding a secret answered with a part of a body (206): the proxy asks for whole ones")
+			return
 		}
-		if upgraded {
+		if ws != nil {
+			// Pinned: the WebSocket stays on this upstream connection, and
+			// the client may send only frames on it (wsclient.go).
 			var down io.Reader = upbr
 			if sc != nil {
-				down = newWSScrubReader(sc, upbr) // roundTrip let only a WebSocket through
+				down = newWSScrubReader(sc, upbr) // no extensions: roundTrip refused them
 			}
-			pipe(cw, br, up, down)
+			cr := newWSClientReader(br, ws.ext, sc)
+			cr.onGuess = func(name string) { s.p.revoke(s.sb, name, s.t) }
+			pipe(cw, cr, up, down)
+			rec.BytesUp, rec.BytesDown = cnt.up.Load()-u0, cnt.down.Load()-d0
+			if name := cr.guessed(); name != "" {
+				rec.Secret, rec.Decision, rec.Reason, rec.Rule = name, DecisionDeny, ReasonSecretValue, "a WebSocket message carried the value of secret "+name+": it is revoked for this sandbox"
+				s.log.Warn("egress: the sandbox sent a secret's value; the secret is revoked for it", "secret", name, "host", rec.Host)
+			}
+			s.audit(rec)
+			return
 		}
 		rec.BytesUp, rec.BytesDown = cnt.up.Load()-u0, cnt.down.Load()-d0
 		s.audit(rec)
-		if upgraded || err != nil || closeAfter {
+		if err != nil || closeAfter {
 			return
 		}
 	}
 }
 
+// guessed refuses a request that carried the value of secret name and
+// revokes the secret for the sandbox (guess.go).
+func (s *session) guessed(rec *Record, cw io.Writer, name string) {
+	s.p.revoke(s.sb, name, s.t) // before the answer: the sandbox's next request sees it
+	rec.Secret = name
+	s.log.Warn("egress: the sandbox sent a secret's value; the secret is revoked for it", "secret", name, "host", rec.Host)
+	s.refuse(cw, rec, http.StatusForbidden, ReasonSecretValue, "the request carries the value of secret "+name+": it is revoked for this sandbox")
+}
+
 // roundTrip forwards one request and its response; sc, when set, scrubs
 // the response of the secrets its host holds (errEncoded: nothing was
 // written to cw, the caller answers).
-func roundTrip(req *http.Request, cw io.Writer, up io.Writer, upbr *bufio.Reader, sc *scrubber) (closeAfter, upgraded bool, err error) {
+func roundTrip(req *http.Request, cw io.Writer, up io.Writer, upbr *bufio.Reader, sc *scrubber) (closeAfter bool, ws *wsUpgrade, err error) {
 	h := req.Header
+	// Only WebSocket upgrades (wsclient.go): another protocol (h2c) is not
+	// asked for, and a 101 to it is refused.
+	wantWS := strings.EqualFold(strings.TrimSpace(h.Get("Upgrade")), "websocket")
+	if !wantWS {
+		h.Del("Upgrade")
+		h.Del("Http2-Settings")
+	}
 	h.Del("Proxy-Authorization")
 	h.Del("Proxy-Connection")
 	if _, ok := h["User-Agent"]; !ok {
@@ -425,40 +480,49 @@ func roundTrip(req *http.Request, cw io.Writer, up io.Writer, upbr *bufio.Reader
 	if strings.EqualFold(h.Get("Expect"), "100-continue") {
 		h.Del("Expect")
 		if _, err := io.WriteString(cw, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
-			return true, false, err
+			return true, nil, err
 		}
 	}
 	if sc != nil {
 		sc.prepare(req)
 	}
 	if err := req.Write(up); err != nil {
-		return true, false, err
+		return true, nil, err
 	}
 	for {
 		resp, err := http.ReadResponse(upbr, req)
 		if err != nil {
-			return true, false, err
+			return true, nil, err
 		}
 		if sc != nil {
 			if err := sc.response(req, resp); err != nil {
 				resp.Body.Close()
-				return true, false, err
+				return true, nil, err
 			}
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols {
-			// From a host holding a secret only a WebSocket without
-			// extensions (its frames are scrubbed: wsscrub.go); any
-			// other protocol it switches to cannot be read.
-			if sc != nil && (!strings.EqualFold(resp.Header.Get("Upgrade"), "websocket") || resp.Header.Get("Sec-WebSocket-Extensions") != "") {
+			// A WebSocket the client asked for, nothing else: after the
+			// 101 the proxy reads no HTTP, so another protocol could carry
+			// requests for other hosts.
+			if !wantWS || !strings.EqualFold(strings.TrimSpace(resp.Header.Get("Upgrade")), "websocket") {
 				resp.Body.Close()
-				return true, false, errEncoded
+				return true, nil, errUpgrade
 			}
-			err := resp.Write(cw)
-			return true, err == nil, err
+			// From a host holding a secret only a WebSocket without
+			// extensions (its frames are scrubbed: wsscrub.go).
+			ext := resp.Header.Get("Sec-WebSocket-Extensions") != ""
+			if sc != nil && ext {
+				resp.Body.Close()
+				return true, nil, errEncoded
+			}
+			if err := resp.Write(cw); err != nil {
+				return true, nil, err
+			}
+			return true, &wsUpgrade{ext: ext}, nil
 		}
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 {
 			if err := resp.Write(cw); err != nil {
-				return true, false, err
+				return true, nil, err
 			}
 			continue
 		}
@@ -472,9 +536,17 @@ func roundTrip(req *http.Request, cw io.Writer, up io.Writer, upbr *bufio.Reader
 			err = ferr
 		}
 		body.Close()
-		return req.Close || resp.Close || err != nil, false, err
+		return req.Close || resp.Close || err != nil, nil, err
 	}
 }
+
+// wsUpgrade is a WebSocket a 101 let through.
+type wsUpgrade struct {
+	ext bool // an extension was agreed (never toward a host holding a secret)
+}
+
+// errUpgrade refuses a 101 to anything but a WebSocket the client asked for.
+var errUpgrade = errors.New("upgrade to a protocol other than WebSocket")
 
 type writerOnly struct{ io.Writer }
 

@@ -16,124 +16,145 @@ import (
 // the query string, an endpoint that echoes the request's headers, a
 // "whoami" that returns the token. In an intercepted tunnel to such a host
 // every response is scrubbed: each form of a secret's value the response
-// could carry (as is, URL-escaped, inside the basic-auth credential) is
-// replaced by the secret's placeholder, in header values and in the body,
-// before the sandbox reads it. A body the proxy cannot read (an encoding
-// other than gzip) is refused rather than passed on unread.
+// could carry (as is, URL-escaped, formatted, inside any base64 text:
+// scrub64.go) is replaced by the secret's placeholder, in header names and
+// values and in the body, and the reason phrase is replaced by the
+// standard one, before the sandbox reads it. What the proxy cannot read (a
+// coding other than one gzip layer, a 206) is refused rather than passed
+// on unread, and ranges are not asked for. Scrubbing alone would be a
+// guessing oracle: guess.go says why requests are searched too.
+
+// needle is one form of a secret's value the scrubber looks for.
+type needle struct {
+	core []byte // the bytes searched for
+	repl []byte // what replaces them (raw forms; b64 forms rewrite their groups)
+	b64  *b64form
+	// before and after are how far a match's extent reaches around core
+	// (the base64 groups it is verified and rewritten in): a stream holds
+	// back what a match could still need.
+	before, after int
+	name          string // the secret's name
+}
+
+func (n *needle) extent() int { return n.before + len(n.core) + n.after }
 
 // scrubber replaces the values of the secrets bound for one host.
 type scrubber struct {
-	needles [][]byte // longest first
-	repl    [][]byte
-	max     int // longest needle
+	needles []needle // longest first
+	max     int      // longest extent
+	escaped int      // longest value escaped (6 bytes a byte at most): what a guard keeps
 }
 
-// newScrubber returns the scrubber for the secrets bound to host, or nil
-// when none is.
+// newScrubber returns the scrubber for the secrets bound to host (on any
+// port: a host that was given a value on one port may show it on
+// another), or nil when none is.
 func newScrubber(secrets []*boundSecret, host string) *scrubber {
-	type pair struct{ needle, repl string }
-	var pairs []pair
-	add := func(needle, ph string) {
-		// A value that short is not a secret worth matching.
-		if len(needle) >= 4 && !slices.ContainsFunc(pairs, func(p pair) bool { return p.needle == needle }) {
-			pairs = append(pairs, pair{needle, ph})
+	var ns []needle
+	esc := 0
+	add := func(n needle) {
+		if len(n.core) > 0 && !slices.ContainsFunc(ns, func(m needle) bool { return bytes.Equal(m.core, n.core) }) {
+			ns = append(ns, n)
 		}
 	}
 	for _, b := range secrets {
-		if !b.matchHost(host) {
+		if !b.matchName(host) {
 			continue
 		}
-		v := string(b.secret.Value)
-		add(v, b.placeholder)
-		add(url.QueryEscape(v), b.placeholder)
-		add(url.PathEscape(v), b.placeholder)
-		if ba := b.secret.Inject.BasicAuth; ba != nil {
-			add(base64.StdEncoding.EncodeToString([]byte(ba.User+":"+v)), base64.StdEncoding.EncodeToString([]byte(ba.User+":"+b.placeholder)))
+		v, name := string(b.secret.Value), b.secret.Name
+		esc = max(esc, 6*len(v))
+		raw := func(needle_, repl string) {
+			add(needle{core: []byte(needle_), repl: []byte(repl), name: name})
 		}
-		// The value inside any base64 text, at each of the three byte
-		// alignments it can start at: a basic-auth credential whose user
-		// (and text around the placeholder) the sandbox chose, echoed back,
-		// carried it where the forms above did not match.
-		// At least 8 characters (6 bytes of the value), so that random
-		// base64 (an image in a JSON body) does not match by chance.
-		vs, ps := base64Inner(v), base64Inner(b.placeholder)
-		for i := range vs {
-			if len(vs[i]) >= 8 {
-				add(vs[i], ps[i])
-			}
-		}
+		// Every length counts: values shorter than MinSecretLen (stored
+		// before it was required) are scrubbed too, however often they
+		// occur by chance (fail closed: replace such a secret).
+		raw(v, b.placeholder)
+		raw(url.QueryEscape(v), b.placeholder)
+		raw(url.PathEscape(v), b.placeholder)
 		if f := b.secret.Inject.Format; f != "" {
-			add(strings.ReplaceAll(f, "{value}", v), strings.ReplaceAll(f, "{value}", b.placeholder))
+			raw(strings.ReplaceAll(f, "{value}", v), strings.ReplaceAll(f, "{value}", b.placeholder))
+		}
+		if ba := b.secret.Inject.BasicAuth; ba != nil { // the credential as injected, exactly
+			raw(base64.StdEncoding.EncodeToString([]byte(ba.User+":"+v)), base64.StdEncoding.EncodeToString([]byte(ba.User+":"+b.placeholder)))
+		}
+		// The value inside any base64 text, at any offset (scrub64.go).
+		for _, n := range b64Needles(v, b.placeholder) {
+			n.name = name
+			add(n)
 		}
 	}
-	if len(pairs) == 0 {
+	if len(ns) == 0 {
 		return nil
 	}
 	// Longest first, so a formatted value is replaced whole before the bare
 	// value inside it.
-	slices.SortStableFunc(pairs, func(a, b pair) int { return len(b.needle) - len(a.needle) })
-	sc := &scrubber{}
-	for _, p := range pairs {
-		sc.needles = append(sc.needles, []byte(p.needle))
-		sc.repl = append(sc.repl, []byte(p.repl))
-		sc.max = max(sc.max, len(p.needle))
+	slices.SortStableFunc(ns, func(a, b needle) int { return len(b.core) - len(a.core) })
+	sc := &scrubber{needles: ns, escaped: esc}
+	for i := range ns {
+		sc.max = max(sc.max, ns[i].extent())
 	}
 	return sc
 }
 
-// base64Inner returns, for each alignment o (0, 1, 2: the number of bytes
-// before v in its 3-byte group), the part of any standard base64 text
-// holding v at that alignment that v's bytes alone decide: the whole
-// 4-character groups v fills, without the first (shared with what
-// precedes it) and the last (shared with what follows). Empty where v is
-// too short to fill one.
-func base64Inner(v string) [3]string {
-	var out [3]string
-	for o := range 3 {
-		enc := base64.StdEncoding.EncodeToString(append(make([]byte, o), v...))
-		start := 0
-		if o > 0 {
-			start = 4
-		}
-		if end := (o + len(v)) / 3 * 4; end > start {
-			out[o] = enc[start:end]
-		}
-	}
-	return out
-}
-
-// prepare asks the upstream for a body the scrubber can read, and for
-// WebSocket messages it can read (no compression extension).
+// prepare asks the upstream for a body the scrubber can read, for
+// WebSocket messages it can read (no compression extension), and for
+// whole representations: a range of a body that reflects the value is a
+// piece the scrubber cannot recognise (6 bytes at a time rebuilt it), so
+// Range and If-Range are removed.
 func (sc *scrubber) prepare(req *http.Request) {
 	req.Header.Set("Accept-Encoding", "identity")
 	req.Header.Del("Sec-WebSocket-Extensions")
+	req.Header.Del("Range")
+	req.Header.Del("If-Range")
 }
 
 // errEncoded refuses a response body in an encoding the scrubber cannot
-// read.
-var errEncoded = errors.New("response body in an encoding the proxy cannot inspect")
+// read; errPartial one that is a piece of a body (206) although no range
+// was asked for.
+var (
+	errEncoded = errors.New("response body in an encoding the proxy cannot inspect")
+	errPartial = errors.New("partial response the proxy cannot inspect")
+)
 
-// response scrubs resp's header values and wraps its body. A body in an
-// encoding other than gzip is errEncoded.
+// response scrubs resp's status line and header names and values, and
+// wraps its body. A body in an encoding other than gzip (or named by more
+// than one Content-Encoding line, or in more than one layer) is
+// errEncoded; a 206 is errPartial.
 func (sc *scrubber) response(req *http.Request, resp *http.Response) error {
+	// The reason phrase is the upstream's free text: the standard one
+	// replaces it (clients ignore it), so nothing the host wrote there
+	// reaches the sandbox, in whatever form.
+	resp.Status = ""
 	sc.scrubHeader(resp.Header)
+	if resp.StatusCode == http.StatusPartialContent {
+		return errPartial
+	}
 	if resp.StatusCode < 200 || resp.Body == nil || resp.Body == http.NoBody || req.Method == http.MethodHead ||
 		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified {
 		return nil
 	}
 	body := io.Reader(resp.Body)
-	switch enc := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding"))); enc {
-	case "", "identity":
-	case "gzip", "x-gzip":
-		zr, err := gzip.NewReader(resp.Body)
-		if err != nil {
-			return errEncoded
-		}
-		body = zr
-		resp.Header.Del("Content-Encoding")
-	default:
+	// One Content-Encoding line with one coding, or none: reading only
+	// the first of several lines passed "identity" then "gzip" unread, so
+	// anything else (more lines, layers, codings not read here) is refused.
+	ce := resp.Header.Values("Content-Encoding")
+	if len(ce) > 1 || len(ce) == 1 && strings.Contains(ce[0], ",") {
 		return errEncoded
 	}
+	if len(ce) == 1 {
+		switch strings.ToLower(strings.TrimSpace(ce[0])) {
+		case "", "identity":
+		case "gzip", "x-gzip":
+			zr, err := gzip.NewReader(resp.Body)
+			if err != nil {
+				return errEncoded
+			}
+			body = zr
+		default:
+			return errEncoded
+		}
+	}
+	resp.Header.Del("Content-Encoding")
 	// The length can change: the body goes chunked (or until close).
 	resp.ContentLength = -1
 	resp.Header.Del("Content-Length")
@@ -163,18 +184,27 @@ func (sc *scrubber) scrubHeader(h http.Header) {
 
 // replaceFold is replace ignoring ASCII case, for header names (HTTP
 // canonicalizes them: a value sent back as a name arrives with its letters'
-// case changed).
+// case changed). Base64 forms cannot be verified once their case changed:
+// their cores of 8 characters or more are replaced.
 func (sc *scrubber) replaceFold(k string) string {
-	for i, n := range sc.needles {
-		ln := strings.ToLower(string(n))
+	for i := range sc.needles {
+		n := &sc.needles[i]
+		repl := n.repl
+		if n.b64 != nil {
+			if len(n.core) < 8 {
+				continue
+			}
+			repl = n.b64.fall
+		}
+		ln := strings.ToLower(string(n.core))
 		for from := 0; ; {
 			j := strings.Index(strings.ToLower(k[from:]), ln)
 			if j < 0 {
 				break
 			}
 			j += from
-			k = k[:j] + string(sc.repl[i]) + k[j+len(n):]
-			from = j + len(sc.repl[i]) // past it: a placeholder may hold the value
+			k = k[:j] + string(repl) + k[j+len(n.core):]
+			from = j + len(repl) // past it: a placeholder may hold the value
 		}
 	}
 	return k
@@ -182,26 +212,94 @@ func (sc *scrubber) replaceFold(k string) string {
 
 // replace returns b with every needle replaced.
 func (sc *scrubber) replace(b []byte) []byte {
-	for i, n := range sc.needles {
-		if bytes.Contains(b, n) {
-			b = bytes.ReplaceAll(b, n, sc.repl[i])
+	for i := range sc.needles {
+		n := &sc.needles[i]
+		if !bytes.Contains(b, n.core) {
+			continue
 		}
+		if n.b64 == nil {
+			b = bytes.ReplaceAll(b, n.core, n.repl)
+			continue
+		}
+		b = n.replace64(b)
 	}
 	return b
 }
 
+// replace64 rewrites every verified base64 match of n in b (and replaces
+// an unverified core of 8 or more characters on its own).
+func (n *needle) replace64(b []byte) []byte {
+	var out []byte
+	done := 0 // b[:done] is in out
+	for from := 0; from < len(b); {
+		j := bytes.Index(b[from:], n.core)
+		if j < 0 {
+			break
+		}
+		i := from + j
+		if start, end, rw, ok := n.b64.verify(b, i); ok && start >= done {
+			out = append(append(out, b[done:start]...), rw...)
+			done, from = end, end
+			continue
+		}
+		if len(n.core) >= 8 {
+			out = append(append(out, b[done:i]...), n.b64.fall...)
+			done = i + len(n.core)
+			from = done
+			continue
+		}
+		from = i + 1
+	}
+	if out == nil {
+		return b
+	}
+	return append(out, b[done:]...)
+}
+
+// find returns the needle b holds (a raw form, a verified base64 form or
+// an unverified base64 core of 8 or more characters), or nil.
+func (sc *scrubber) find(b []byte) *needle {
+	for i := range sc.needles {
+		n := &sc.needles[i]
+		for from := 0; from < len(b); {
+			j := bytes.Index(b[from:], n.core)
+			if j < 0 {
+				break
+			}
+			if n.b64 == nil || len(n.core) >= 8 {
+				return n
+			}
+			if _, _, _, ok := n.b64.verify(b, from+j); ok {
+				return n
+			}
+			from += j + 1
+		}
+	}
+	return nil
+}
+
 // safeCut is how much of buf can be scrubbed and passed on when more may
-// follow: all but a tail that could be the start of a needle; a needle
-// crossing the cut is left whole in the tail (moving the cut back can make
-// another cross it: until none does).
+// follow: all but a tail that could be the start of a match's extent; a
+// match whose extent crosses the cut is left whole in the tail (moving
+// the cut back can make another cross it: until none does).
 func (sc *scrubber) safeCut(buf []byte) int {
 	cut := len(buf) - min(len(buf), sc.max-1)
 	for moved := true; moved; {
 		moved = false
-		for _, nd := range sc.needles {
-			from := max(0, cut-len(nd)+1)
-			if i := bytes.Index(buf[from:], nd); i >= 0 && from+i < cut && from+i+len(nd) > cut {
-				cut, moved = from+i, true
+		for k := range sc.needles {
+			n := &sc.needles[k]
+			from := max(0, cut-len(n.core)-n.after+1)
+			for {
+				i := bytes.Index(buf[from:], n.core)
+				if i < 0 || from+i >= cut+n.before {
+					break
+				}
+				i += from
+				if s, e := max(0, i-n.before), i+len(n.core)+n.after; s < cut && e > cut {
+					cut, moved = s, true
+					break
+				}
+				from = i + 1
 			}
 		}
 	}

@@ -26,9 +26,12 @@ import (
 // Secret redacts Value when logged (slog.LogValuer), printed (fmt) or
 // marshalled to JSON.
 type Secret struct {
-	Name   string    `json:"name"`
-	Value  []byte    `json:"-"`
-	Hosts  []string  `json:"hosts"` // exact names or "*.domain"
+	Name  string `json:"name"`
+	Value []byte `json:"-"`
+	// Hosts are exact names or "*.domain", each with an optional ":port";
+	// the value is injected only on the ports named, 443 for an entry
+	// without one.
+	Hosts  []string  `json:"hosts"`
 	Inject Injection `json:"inject"`
 }
 
@@ -66,14 +69,30 @@ func (s Secret) GoString() string { return s.String() }
 
 var secretName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
-// Validate checks the name (an environment variable name), value, hosts and
-// injection (errdefs.ErrInvalidArgument; the message never holds the value).
+// MinSecretLen is the shortest value a new secret may have. A shorter one
+// falls to guessing and cannot be told apart from ordinary text in the
+// responses it is scrubbed from.
+const MinSecretLen = 8
+
+// Validate checks a new secret: the name (an environment variable name),
+// value (MinSecretLen to 64 KiB), hosts and injection
+// (errdefs.ErrInvalidArgument; the message never holds the value).
 func (s Secret) Validate() error {
+	if len(s.Value) < MinSecretLen && len(s.Value) > 0 {
+		return errdefs.InvalidArgument("secret %s: value must be at least %d bytes (a shorter one can be guessed, and cannot be scrubbed from responses reliably)", s.Name, MinSecretLen)
+	}
+	return s.validate()
+}
+
+// validate is Validate without the minimum length, for secrets stored
+// before it was required: they are still bound, and scrubbed wherever
+// their value occurs (see newScrubber).
+func (s Secret) validate() error {
 	if !secretName.MatchString(s.Name) {
 		return errdefs.InvalidArgument("secret name %q: want an environment variable name ([A-Za-z_][A-Za-z0-9_]*, at most 128)", s.Name)
 	}
 	if len(s.Value) == 0 || len(s.Value) > 64<<10 {
-		return errdefs.InvalidArgument("secret %s: value must be 1 byte to 64 KiB", s.Name)
+		return errdefs.InvalidArgument("secret %s: value must be %d bytes to 64 KiB", s.Name, MinSecretLen) // (stored ones: 1 byte or more)
 	}
 	if strings.ContainsAny(string(s.Value), "\r\n\x00") {
 		return errdefs.InvalidArgument("secret %s: value may not contain CR, LF or NUL", s.Name)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,7 +25,7 @@ func TestSecretStore(t *testing.T) {
 	if err := st.Put(s); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Put(Secret{Name: "B", Value: []byte("b-value"), Hosts: []string{"*.example.com"}, Inject: Injection{BasicAuth: &BasicAuth{User: "u"}}}); err != nil {
+	if err := st.Put(Secret{Name: "B", Value: []byte("b-value-123"), Hosts: []string{"*.example.com"}, Inject: Injection{BasicAuth: &BasicAuth{User: "u"}}}); err != nil {
 		t.Fatal(err)
 	}
 	// Nothing on disk holds the value.
@@ -79,7 +80,7 @@ func TestSecretStore(t *testing.T) {
 	}
 	// A different key cannot read the store.
 	os.WriteFile(filepath.Join(dir, "secrets.key"), bytes.Repeat([]byte{1}, 32), 0o600)
-	st.Put(Secret{Name: "C", Value: []byte("c"), Hosts: []string{"a.test"}, Inject: Injection{QueryParam: "k"}})
+	st.Put(Secret{Name: "C", Value: []byte("c-value-123"), Hosts: []string{"a.test"}, Inject: Injection{QueryParam: "k"}})
 	st3, _ := NewSecretStore(dir)
 	if _, err := st3.Get("C"); err == nil {
 		t.Error("opened with the wrong key")
@@ -87,9 +88,19 @@ func TestSecretStore(t *testing.T) {
 }
 
 func TestSecretValidate(t *testing.T) {
-	ok := Secret{Name: "T", Value: []byte("v"), Hosts: []string{"a.test"}, Inject: Injection{Header: "X-T"}}
+	ok := Secret{Name: "T", Value: []byte("v-123456"), Hosts: []string{"a.test", "b.test:8443", "*.c.test:443"}, Inject: Injection{Header: "X-T"}}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
+	}
+	// Shorter than MinSecretLen: refused for a new secret, still bound
+	// when stored before the minimum (BindSecrets).
+	short := ok
+	short.Value = []byte("1234567")
+	if err := short.Validate(); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "at least 8 bytes") {
+		t.Errorf("a 7-byte value: %v", err)
+	}
+	if err := short.validate(); err != nil {
+		t.Errorf("a stored 7-byte value no longer binds: %v", err)
 	}
 	bad := []func(*Secret){
 		func(s *Secret) { s.Name = "1BAD" },
@@ -98,6 +109,9 @@ func TestSecretValidate(t *testing.T) {
 		func(s *Secret) { s.Value = []byte("a\r\nX-Evil: 1") },
 		func(s *Secret) { s.Hosts = nil },
 		func(s *Secret) { s.Hosts = []string{"10.0.0.0/8"} },
+		func(s *Secret) { s.Hosts = []string{"a.test:0"} },
+		func(s *Secret) { s.Hosts = []string{"a.test:99999"} },
+		func(s *Secret) { s.Hosts = []string{"a.test:x"} },
 		func(s *Secret) { s.Hosts = []string{"a.*.test"} },
 		// Wildcards over public suffixes: any registrant would get the secret.
 		func(s *Secret) { s.Hosts = []string{"*.com"} },

@@ -149,17 +149,17 @@ func TestWebSocketToSecretHostScrubbed(t *testing.T) {
 	e.allow(t, target, "")
 	const value = "QSECRET_WS_789"
 	ph := NewPlaceholder()
-	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "TOK", Value: []byte(value), Hosts: []string{"secret.test"}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}}); err != nil {
+	if err := e.p.BindSecrets(testSandbox, map[string]Secret{ph: {Name: "TOK", Value: []byte(value), Hosts: []string{e.secretHost()}, Inject: Injection{Header: "Authorization", Format: "Bearer {value}"}}}); err != nil {
 		t.Fatal(err)
 	}
-	upgrade := func(proto string) (string, []wsFrame) {
+	upgrade := func(proto string, path ...string) (string, []wsFrame) {
 		c, st := e.rawConnect(t, target)
 		if c == nil {
 			t.Fatalf("CONNECT: %s", st)
 		}
 		tc := tls.Client(c, &tls.Config{ServerName: "secret.test", RootCAs: e.pool})
 		tc.SetDeadline(time.Now().Add(10 * time.Second))
-		fmt.Fprintf(tc, "GET /ws HTTP/1.1\r\nHost: %s\r\nUpgrade: %s\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Extensions: permessage-deflate\r\nAuthorization: Bearer %s\r\n\r\n", target, proto, ph)
+		fmt.Fprintf(tc, "GET /ws%s HTTP/1.1\r\nHost: %s\r\nUpgrade: %s\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Extensions: permessage-deflate\r\nAuthorization: Bearer %s\r\n\r\n", strings.Join(path, ""), target, proto, ph)
 		br := bufio.NewReader(tc)
 		var head strings.Builder
 		for {
@@ -170,8 +170,7 @@ func TestWebSocketToSecretHostScrubbed(t *testing.T) {
 			}
 		}
 		if !strings.Contains(head.String(), " 101 ") {
-			b, _ := io.ReadAll(br)
-			return head.String() + string(b), nil
+			return head.String(), nil
 		}
 		return head.String(), readWSFrames(t, br)
 	}
@@ -187,7 +186,12 @@ func TestWebSocketToSecretHostScrubbed(t *testing.T) {
 	if got := string(frames[0].payload); got != "auth=Bearer "+ph+" ext=" {
 		t.Errorf("message %q, want the placeholder and no extension", got)
 	}
-	if head, frames := upgrade("h2c"); frames != nil || !strings.Contains(head, " 502 ") || strings.Contains(head, value) {
+	// h2c is not asked for (its streams could name other hosts): the
+	// host answers as HTTP/1.1; a 101 to it anyway is refused.
+	if head, frames := upgrade("h2c"); frames != nil || !strings.Contains(head, " 200 ") || strings.Contains(head, value) {
+		t.Errorf("an h2c upgrade request: %q", head)
+	}
+	if head, frames := upgrade("websocket", "?force101=h2c"); frames != nil || !strings.Contains(head, " 502 ") || strings.Contains(head, value) {
 		t.Errorf("switch to another protocol: %q", head)
 	}
 }

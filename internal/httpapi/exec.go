@@ -149,6 +149,7 @@ func (a *API) collect(w http.ResponseWriter, r *http.Request, pid int, ev sandbo
 			res.Signal, res.Error = e.Signal, e.Error
 		}
 	}
+	res.CommandID = sandbox.CommandID(ev)
 	res.write(w, &stdout, &stderr)
 }
 
@@ -202,6 +203,7 @@ func runeStartBefore(b []byte, n int) int {
 // execResult is the answer of a non-streaming exec.
 type execResult struct {
 	PID       int
+	CommandID int64 // with snapshot_on_exec (sandbox.CommandID)
 	ExitCode  int
 	Signal    string
 	Error     string
@@ -221,6 +223,10 @@ func (res execResult) write(w http.ResponseWriter, stdout, stderr *chunks) {
 	b = strconv.AppendInt(b, int64(res.PID), 10)
 	b = append(b, `,"exit_code":`...)
 	b = strconv.AppendInt(b, int64(res.ExitCode), 10)
+	if res.CommandID != 0 {
+		b = append(b, `,"command_id":`...)
+		b = strconv.AppendInt(b, res.CommandID, 10)
+	}
 	if res.Signal != "" {
 		b = append(b, `,"signal":`...)
 		b = strconv.AppendQuote(b, res.Signal)
@@ -346,7 +352,9 @@ func (a *API) writeSSE(w http.ResponseWriter, r *http.Request, ev sandbox.EventS
 					_ = rc.Flush()
 					return
 				}
-				out = appendEvent(out, it.e)
+				// Next set the command's id before it handed on the exit
+				// (the channel orders the two).
+				out = appendEventCmd(out, it.e, sandbox.CommandID(ev))
 				ev.Recycle(it.e.Data) // encoded into out: the stream may reuse it
 				if len(out) >= 256<<10 {
 					break
@@ -370,7 +378,11 @@ func (a *API) writeSSE(w http.ResponseWriter, r *http.Request, ev sandbox.EventS
 }
 
 // appendEvent appends one agent event in the API's SSE shape.
-func appendEvent(dst []byte, e agentproto.Event) []byte {
+func appendEvent(dst []byte, e agentproto.Event) []byte { return appendEventCmd(dst, e, 0) }
+
+// appendEventCmd is appendEvent with the command's id on its exit event
+// (0: none).
+func appendEventCmd(dst []byte, e agentproto.Event, cmdID int64) []byte {
 	if e.Type == agentproto.EventStdout || e.Type == agentproto.EventStderr {
 		return appendOutputEvent(dst, e)
 	}
@@ -385,10 +397,11 @@ func appendEvent(dst []byte, e agentproto.Event) []byte {
 			code = *e.ExitCode
 		}
 		writeSSE(&buf, id, "exit", struct {
-			ExitCode int    `json:"exit_code"`
-			Signal   string `json:"signal,omitempty"`
-			Error    string `json:"error,omitempty"`
-		}{code, e.Signal, e.Error})
+			ExitCode  int    `json:"exit_code"`
+			Signal    string `json:"signal,omitempty"`
+			Error     string `json:"error,omitempty"`
+			CommandID int64  `json:"command_id,omitempty"`
+		}{code, e.Signal, e.Error, cmdID})
 	case agentproto.EventTruncated:
 		// No id: its seq is the next event's (the first kept), and a
 		// client resuming after it (Last-Event-ID) would skip that one.

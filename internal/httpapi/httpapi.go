@@ -125,6 +125,7 @@ func New(cfg Config) *API {
 	auth("POST /v1/sandboxes/{id}/files/mkdir", a.mkdir)
 	auth("POST /v1/sandboxes/{id}/files/move", a.move)
 	auth("GET /v1/sandboxes/{id}/files/watch", a.watch)
+	auth("GET /v1/sandboxes/{id}/files/history", a.fileHistory)
 	auth("GET /v1/sandboxes/{id}/pty", a.pty)
 	// A sandbox's own server: its traffic (a page and its assets) is not
 	// counted against the team's API rate.

@@ -32,6 +32,9 @@ type Sandbox struct {
 	PublicPorts bool `json:"public_ports,omitempty"`
 	// AutoResume: a request to it while paused resumes it.
 	AutoResume bool `json:"auto_resume,omitempty"`
+	// SnapshotOnExec: a files snapshot after every command that changed
+	// files.
+	SnapshotOnExec bool `json:"snapshot_on_exec,omitempty"`
 }
 
 func viewSandbox(sb store.Sandbox) Sandbox {
@@ -43,7 +46,7 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 		ID: sb.ID, State: sb.State, Reason: sb.Reason, Template: sb.Template, Driver: sb.Driver,
 		CPU: sb.CPU, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB, TimeoutS: sb.TimeoutS, OnTimeout: sb.OnTimeout,
 		Metadata: md, CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, StoppedAt: sb.StoppedAt,
-		PublicPorts: sb.PublicPorts, AutoResume: sb.AutoResume,
+		PublicPorts: sb.PublicPorts, AutoResume: sb.AutoResume, SnapshotOnExec: sb.SnapshotOnExec,
 	}
 }
 

@@ -27,12 +27,16 @@ type Snapshot struct {
 	BytesNew   int64     `json:"bytes_new"`
 	BytesTotal int64     `json:"bytes_total"`
 	Verified   bool      `json:"verified,omitempty"`
+	// CommandID and Cause: the command it was taken after
+	// (snapshot_on_exec).
+	CommandID int64  `json:"command_id,omitempty"`
+	Cause     string `json:"cause,omitempty"`
 }
 
 func viewSnapshot(sn store.Snapshot) Snapshot {
 	return Snapshot{ID: sn.ID, SandboxID: sn.SandboxID, Kind: sn.Kind, Name: sn.Name, Automatic: sn.Automatic,
 		Status: sn.Status, Error: sn.Error, Parent: sn.Parent, Template: sn.Template, CreatedAt: sn.CreatedAt,
-		BytesNew: sn.BytesNew, BytesTotal: sn.BytesTotal}
+		BytesNew: sn.BytesNew, BytesTotal: sn.BytesTotal, CommandID: sn.CommandSeq, Cause: sn.Cause}
 }
 
 func (a *API) createSnapshot(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
@@ -145,6 +149,15 @@ func (a *API) diffSnapshots(w http.ResponseWriter, r *http.Request, c sandbox.Ca
 		a.writeError(w, r, errdefs.InvalidArgument("from and to: two snapshot ids are required"))
 		return
 	}
+	if q.Has("path") {
+		d, err := a.svc.DiffFile(r.Context(), c, from, to, q.Get("path"))
+		if err != nil {
+			a.writeError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, d)
+		return
+	}
 	changes, err := a.svc.DiffSnapshots(r.Context(), c, from, to)
 	if err != nil {
 		a.writeError(w, r, err)
@@ -168,16 +181,25 @@ func (a *API) restore(w http.ResponseWriter, r *http.Request, c sandbox.Caller) 
 	var req struct {
 		Snapshot string   `json:"snapshot"`
 		Paths    []string `json:"paths"`
+		// BeforeCommand restores as the files were before that command
+		// (a command id) started, instead of from a named snapshot.
+		BeforeCommand int64 `json:"before_command"`
 	}
 	if err := decode(r, &req); err != nil {
 		a.writeError(w, r, err)
 		return
 	}
-	if req.Snapshot == "" {
-		a.writeError(w, r, errdefs.InvalidArgument("snapshot: required"))
+	if (req.Snapshot == "") == (req.BeforeCommand == 0) {
+		a.writeError(w, r, errdefs.InvalidArgument("snapshot or before_command: give exactly one"))
 		return
 	}
-	res, err := a.svc.RestoreFiles(r.Context(), c, r.PathValue("id"), req.Snapshot, req.Paths)
+	var res sandbox.RestoreResult
+	var err error
+	if req.BeforeCommand != 0 {
+		res, err = a.svc.RestoreBefore(r.Context(), c, r.PathValue("id"), req.BeforeCommand, req.Paths)
+	} else {
+		res, err = a.svc.RestoreFiles(r.Context(), c, r.PathValue("id"), req.Snapshot, req.Paths)
+	}
 	if err != nil {
 		a.writeError(w, r, err)
 		return
@@ -210,4 +232,16 @@ func (a *API) fork(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
 		out = append(out, viewSandbox(k))
 	}
 	writeJSON(w, http.StatusCreated, map[string]any{"sandboxes": out})
+}
+
+// fileHistory answers the versions of one path across a sandbox's
+// timeline.
+func (a *API) fileHistory(w http.ResponseWriter, r *http.Request, c sandbox.Caller) {
+	p := pathParam(r)
+	vs, err := a.svc.FileHistory(r.Context(), c, r.PathValue("id"), p)
+	if err != nil {
+		a.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"path": p, "versions": vs})
 }

@@ -16,6 +16,10 @@ import (
 // process list it is kept as long as the sandbox's record, after the
 // sandbox stopped too.
 type Command struct {
+	// ID is the command's number in the server's record (unique on this
+	// server, increasing): what snapshots taken after a command name
+	// (snapshot_on_exec) and what restore's before_command takes.
+	ID         int64      `json:"id"`
 	PID        int        `json:"pid"`
 	Cmd        []string   `json:"cmd"`
 	Tag        string     `json:"tag,omitempty"`
@@ -70,7 +74,7 @@ func (s *Service) Commands(ctx context.Context, c Caller, id, cursor string, lim
 	agentSays := s.openEnds(ctx, c, sb, recs)
 	out := make([]Command, 0, len(recs))
 	for i, r := range recs {
-		cmd := Command{PID: r.PID, Cmd: r.Cmd, Tag: r.Tag, Background: r.Background, StartedAt: r.StartedAt, ExitCode: r.ExitCode, ExitedAt: r.ExitedAt}
+		cmd := Command{ID: r.Seq, PID: r.PID, Cmd: r.Cmd, Tag: r.Tag, Background: r.Background, StartedAt: r.StartedAt, ExitCode: r.ExitCode, ExitedAt: r.ExitedAt}
 		switch {
 		case r.ExitCode != nil:
 			cmd.State = CommandExited

@@ -55,6 +55,10 @@ type CreateRequest struct {
 	// files or ports resumes it first (E2B's autoResume). Forks and
 	// restores keep it.
 	AutoResume bool `json:"auto_resume"`
+	// SnapshotOnExec: a files snapshot after every command that changed
+	// files, naming the command (nil: the server's default, off unless
+	// space serve --snapshot-on-exec). Forks and restores keep it.
+	SnapshotOnExec *bool `json:"snapshot_on_exec"`
 	// KeepPrestarted keeps, in a sandbox claimed from a warm pool, the
 	// process the pool started ahead of the claim (PoolConfig.Prestart:
 	// the E2B code interpreter's kernel); it gets the sandbox's
@@ -248,6 +252,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 		CPU: req.CPU, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(time.Duration(req.TimeoutS) * time.Second),
 		SnapshotIntervalS: req.SnapshotIntervalS, RetentionDays: req.RetentionDays, PublicPorts: req.PublicPorts, AutoResume: req.AutoResume,
+		SnapshotOnExec: s.wantSnapshotOnExec(req.SnapshotOnExec),
 	}
 	if sb.Env == nil {
 		sb.Env = map[string]string{}

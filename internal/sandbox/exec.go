@@ -96,6 +96,7 @@ func (s *Service) Exec(ctx context.Context, c Caller, id string, req ExecRequest
 	if err != nil {
 		return 0, err
 	}
+	s.baselineBeforeExec(ctx, sb, l)
 	start := s.now()
 	pid, err := l.agent.Start(ctx, req.agentRequest())
 	if err != nil {
@@ -112,6 +113,7 @@ func (s *Service) Run(ctx context.Context, c Caller, id string, req ExecRequest)
 	if err != nil {
 		return 0, nil, err
 	}
+	s.baselineBeforeExec(ctx, sb, l)
 	if err := l.openStream(); err != nil {
 		return 0, nil, err
 	}
@@ -122,7 +124,7 @@ func (s *Service) Run(ctx context.Context, c Caller, id string, req ExecRequest)
 		return 0, nil, err
 	}
 	s.started(sb, pid, req, start)
-	return pid, &recordingStream{EventStream: ev, s: s, l: l, id: id, pid: pid}, nil
+	return pid, &recordingStream{EventStream: ev, s: s, l: l, id: id, pid: pid, onExec: s.snapshotOnExec(sb)}, nil
 }
 
 // maxStreams bounds the output streams open on one sandbox at once: each
@@ -185,7 +187,7 @@ type EventStream interface {
 // Events streams a process's events from seq from (1 = the beginning).
 // The exit, when the stream sees it, is recorded in the store.
 func (s *Service) Events(ctx context.Context, c Caller, id string, pid int, from uint64, follow bool) (EventStream, error) {
-	_, l, err := s.liveRunning(ctx, c, id)
+	sb, l, err := s.liveRunning(ctx, c, id)
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +199,7 @@ func (s *Service) Events(ctx context.Context, c Caller, id string, pid int, from
 		l.streams.Add(-1)
 		return nil, err
 	}
-	return &recordingStream{EventStream: ev, s: s, l: l, id: id, pid: pid}, nil
+	return &recordingStream{EventStream: ev, s: s, l: l, id: id, pid: pid, onExec: s.snapshotOnExec(sb)}, nil
 }
 
 type recordingStream struct {
@@ -206,6 +208,8 @@ type recordingStream struct {
 	l      *live
 	id     string
 	pid    int
+	onExec bool  // snapshot after the exit (snapshot_on_exec), before handing it on
+	cmdID  int64 // the command's id, once onExec's snapshot looked it up
 	closed atomic.Bool
 }
 
@@ -224,6 +228,9 @@ func (r *recordingStream) Next() (agentproto.Event, error) {
 			code = *e.ExitCode
 		}
 		r.s.procs.add(store.ProcessOp{Exit: &store.ProcessExit{SandboxID: r.id, PID: r.pid, ExitCode: code, ExitedAt: e.Time.UTC()}})
+		if r.onExec {
+			r.cmdID = r.s.snapshotAfterExec(context.Background(), r.id, r.pid)
+		}
 	}
 	return e, err
 }

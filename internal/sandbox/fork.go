@@ -179,6 +179,9 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 	if req.AutoResume {
 		sb.AutoResume = true
 	}
+	if req.SnapshotOnExec != nil {
+		sb.SnapshotOnExec = *req.SnapshotOnExec
+	}
 	if req.Metadata != nil {
 		sb.Metadata = req.Metadata
 	}

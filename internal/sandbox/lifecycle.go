@@ -25,6 +25,10 @@ type ListOptions struct {
 	Metadata map[string]string
 	Limit    int
 	Cursor   string
+	// Templates, CreatedFrom and Newest are store.SandboxFilter's.
+	Templates   []string
+	CreatedFrom time.Time
+	Newest      bool
 }
 
 // List returns the caller's sandboxes. Without a state filter, stopped
@@ -56,7 +60,8 @@ func (s *Service) List(ctx context.Context, c Caller, o ListOptions) ([]store.Sa
 	if len(o.States) == 0 {
 		o.States = []string{StateCreating, StateRunning, StatePaused, StateStopping, StateError}
 	}
-	f := store.SandboxFilter{States: o.States, Metadata: o.Metadata, Limit: o.Limit, After: o.Cursor}
+	f := store.SandboxFilter{States: o.States, Metadata: o.Metadata, Limit: o.Limit, After: o.Cursor,
+		Templates: o.Templates, CreatedFrom: o.CreatedFrom, Newest: o.Newest}
 	if !c.Admin {
 		f.Team = c.Team
 	}

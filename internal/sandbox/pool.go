@@ -686,6 +686,7 @@ func (s *Service) claim(ctx context.Context, c Caller, want store.Sandbox, req C
 	sb.CreatedAt, sb.UpdatedAt, sb.ExpiresAt = want.CreatedAt, want.CreatedAt, want.ExpiresAt
 	sb.SnapshotIntervalS, sb.RetentionDays = want.SnapshotIntervalS, want.RetentionDays
 	sb.PublicPorts, sb.AutoResume = want.PublicPorts, want.AutoResume
+	sb.SnapshotOnExec = want.SnapshotOnExec
 	sb.State = StateRunning
 	fail := func(err error) (store.Sandbox, error) {
 		s.dropNetwork(sb.ID)

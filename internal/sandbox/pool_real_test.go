@@ -589,7 +589,7 @@ func TestConfirmIdentityBindsNetwork(t *testing.T) {
 	}
 	svc.SetEgress(Egress{Proxy: proxy, Audit: ring, CAs: cas, SecretsDir: filepath.Join(dir, "secrets")})
 	owner := Caller{Team: "t"}
-	if _, err := svc.PutSecret(ctx, owner, SecretRequest{Name: "TOKEN", Value: "v", Hosts: []string{"example.com"},
+	if _, err := svc.PutSecret(ctx, owner, SecretRequest{Name: "TOKEN", Value: "v-123456", Hosts: []string{"example.com"},
 		Inject: egress.Injection{Header: "Authorization", Format: "Bearer {value}"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -20,8 +20,9 @@ import (
 
 // RestoreResult says what a restore changed in the live sandbox.
 type RestoreResult struct {
-	Written []string `json:"written"`
-	Removed []string `json:"removed"`
+	Snapshot string   `json:"snapshot"` // what the files were restored from
+	Written  []string `json:"written"`
+	Removed  []string `json:"removed"`
 }
 
 // maxRestorePaths bounds the paths of one restore.
@@ -32,7 +33,7 @@ const maxRestorePaths = 1000
 // directories that differ are rewritten, ones that did not exist then are
 // removed. Other paths are left as they are.
 func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, paths []string) (RestoreResult, error) {
-	var res RestoreResult
+	res := RestoreResult{Snapshot: sid}
 	if s.snaps == nil {
 		return res, errdefs.NotSupported("snapshots are not enabled on this server")
 	}

@@ -166,6 +166,9 @@ type live struct {
 	// SSE execs, terminals): at most maxStreams, each holding an agent
 	// stream and up to its window of output in the server.
 	streams atomic.Int32
+	// baselined: a snapshot_on_exec sandbox has a snapshot to go back to
+	// before its first command (execsnap.go).
+	baselined atomic.Bool
 	// conns counts the connections to the sandbox's ports open through
 	// the agent (preview traffic): at most maxPortConns.
 	conns atomic.Int32

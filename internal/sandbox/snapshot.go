@@ -37,6 +37,8 @@ type Snapshots struct {
 	// Interval between automatic files snapshots of a running sandbox
 	// that changed (0: default 5 min; negative: off).
 	Interval time.Duration
+	// OnExec is the default of a create's snapshot_on_exec (execsnap.go).
+	OnExec bool
 	// CheckpointOnPause records a checkpoint in the timeline on every pause.
 	CheckpointOnPause bool
 	Retention         snapshot.Policy
@@ -96,6 +98,11 @@ func (s *Service) Snapshot(ctx context.Context, c Caller, id string, req Snapsho
 // sandbox's opMu. A failure leaves a record with status failed and no
 // manifest.
 func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name string, automatic bool) (store.Snapshot, error) {
+	return s.takeSnapshotCause(ctx, sb, kind, name, automatic, snapCause{})
+}
+
+// takeSnapshotCause is takeSnapshot of a snapshot taken after a command.
+func (s *Service) takeSnapshotCause(ctx context.Context, sb store.Sandbox, kind, name string, automatic bool, cause snapCause) (store.Snapshot, error) {
 	s.mu.Lock()
 	l := s.live[sb.ID]
 	s.mu.Unlock()
@@ -139,6 +146,7 @@ func (s *Service) takeSnapshot(ctx context.Context, sb store.Sandbox, kind, name
 		ID: newSnapshotID(), SandboxID: sb.ID, Team: sb.Team, Kind: kind, Name: name, Parent: parent,
 		Template: sb.Template, TemplateDigest: sb.TemplateDigest, Automatic: automatic,
 		Status: store.SnapshotCreating, CreatedAt: s.now().UTC(), RetentionDays: sb.RetentionDays,
+		CommandSeq: cause.seq, Cause: cause.text,
 	}
 	if err := s.store.CreateSnapshot(ctx, rec); err != nil {
 		return rec, err

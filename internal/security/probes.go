@@ -343,6 +343,21 @@ echo "placeholder: $(env | grep -c space_ph_) variables hold placeholders"`,
     return ("BYPASS", "the host answered on the agent socket: %r" % r[:40]) if r else ("BLOCKED", "connected but the host sent nothing")
 attempt("agent.sock as user", f)
 say("BLOCKED", "run dir: " + oct(os.stat("/.space/run").st_mode) if os.path.exists("/.space/run") else "no /.space/run")`},
+		{ID: "agent-impostor", Name: "Impersonating the agent to the host", Root: true,
+			Technique: "as root, freeze the agent (SIGSTOP to PID 1, for at most 3 s: other probes' traffic through the agent waits meanwhile), connect to /.space/run/agent.sock in its place, answer the host's challenge with a made-up MAC, or, unchallenged, open a yamux stream as an agent would; also read the agent's secret file",
+			Python:    agentImpostorScript},
+		{ID: "agent-secret", Name: "Reading the agent's secret as the user",
+			Technique: "as the user, read /.space/run/agent.secret (the agent's per-boot secret), list /.space/run, open the agent's /proc/1/mem and /proc/1/environ",
+			Python: `def rd(p, n):
+    with open(p, "rb") as f:
+        b = f.read(n)
+    return "BYPASS", "%s is readable as the user (%d bytes)" % (p, len(b))
+attempt("read /.space/run/agent.secret", rd, "/.space/run/agent.secret", 64)
+def ls():
+    return "BLOCKED", "/.space/run lists %s (names only)" % os.listdir("/.space/run")
+attempt("list /.space/run", ls)
+for p in ("/proc/1/mem", "/proc/1/environ"):
+    attempt("open " + p, rd, p, 1)`},
 		{ID: "host-files", Name: "Host files through /proc and ../ paths", Root: true,
 			Technique: "read a canary file the runner wrote on the host (HOST_FILE) via /proc/1/root, /proc/*/root, ../ walks, /.space bind mounts and a filesystem-wide find",
 			Shell: `f="$HOST_FILE"
@@ -420,6 +435,30 @@ def tun():
     s.sendall(("GET /%s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (PID, hp(FB, CP), up)).encode())
     return refused(readall(s, 3), "ws in tunnel")
 attempt("in tunnel", tun)`},
+		{ID: "upgrade-smuggle", Name: "Requests for another host after a 101",
+			Technique: "inside intercepted TLS to the allowed host: Upgrade: h2c (HTTP/2 streams could name any host) must not switch; after a WebSocket 101, an HTTP request with Host: <forbidden> sent on the upgraded connection must not be answered",
+			Python: `def sess(extra, path):
+    t = tls(allowed_tunnel(), AH)
+    t.sendall(("GET /%s/%s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (PID, path, hp(AH, AP), extra)).encode())
+    return t, readhead(t)
+def h2c():
+    t, head = sess("Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nConnection: Upgrade, HTTP2-Settings\r\n", "h2c")
+    t.close()
+    if code(head) == 101:
+        return "BYPASS", "the connection switched to h2c: " + first(head)
+    return "BLOCKED", "no switch to h2c: " + first(head)
+def smuggle():
+    t, head = sess("Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n", "ws")
+    if code(head) != 101:
+        t.close()
+        return "BLOCKED", "the allowed host did not upgrade (%s): only a WebSocket 101 opens a connection the proxy stops reading as HTTP" % first(head)
+    t.sendall(("GET /%s/after-101 HTTP/1.1\r\nHost: %s\r\n\r\n" % (PID, hp(FB, CP))).encode())
+    r = readall(t, 3)
+    if code(r) or b"smuggled" in r:
+        return "BYPASS", "a request after the 101 reached the upstream and was answered: %r" % r[:80]
+    return "BLOCKED", "the request after the 101 ended the connection unanswered (%d bytes)" % len(r)
+attempt("h2c", h2c)
+attempt("after a WebSocket 101", smuggle)`},
 		{ID: "hostname-tricks", Name: "Malformed and look-alike host names",
 			Technique: "very long names, NUL and CR/LF bytes, Cyrillic homoglyph of the allowed name, trailing dot, upper case, percent-encoding, userinfo and fragment tricks in absolute URIs",
 			Python: `names = ["a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 50 + "." + AH, "x" * 300 + "." + AH,
@@ -545,3 +584,49 @@ func lastLine(s string) string {
 	}
 	return s
 }
+
+// agentImpostorScript is the agent-impostor probe: the host must challenge
+// a new connection on the agent socket and drop it on a wrong answer
+// (issue 34: an impostor it talked to could exhaust the server's memory).
+// The agent is stopped only for the attempt and always resumed.
+const agentImpostorScript = `import signal
+def secretfile():
+    with open("/.space/run/agent.secret", "rb") as f:
+        return "BYPASS", "root reads the agent's secret file (%d bytes) after the agent connected" % len(f.read(64))
+attempt("agent.secret as root", secretfile)
+def imp():
+    os.kill(1, signal.SIGSTOP)
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(3)
+        s.connect("/.space/run/agent.sock")
+        s.settimeout(0.5)
+        line = b""
+        try:
+            while len(line) < 84 and not line.endswith(b"\n"):
+                c = s.recv(84 - len(line))
+                if not c:
+                    break
+                line += c
+        except socket.timeout:
+            pass
+        s.settimeout(2)
+        if line.startswith(b"SPACE-AGENT-AUTH/"):
+            s.sendall(b"SPACE-AGENT-AUTH/1 " + b"0" * 64 + b"\n")
+            try:
+                r = s.recv(64)
+            except socket.timeout:
+                return "ERROR", "challenged; after a wrong answer the host neither closed nor spoke"
+            if r:
+                return "BYPASS", "the host went on after a wrong answer: %r" % r[:40]
+            return "BLOCKED", "challenged; a wrong answer closed the connection"
+        if line:
+            return "ERROR", "the host spoke first, not a challenge: %r" % line[:40]
+        s.sendall(struct.pack(">BBHII", 0, 1, 1, 2, 0))
+        r = readall(s, 2)
+        if r:
+            return "BYPASS", "no challenge: the host answered an impostor's session: %r" % r[:24]
+        return "ERROR", "no challenge, and no answer to a session either: cannot tell"
+    finally:
+        os.kill(1, signal.SIGCONT)
+attempt("impostor on agent.sock", imp)`

@@ -146,7 +146,7 @@ func Run(ctx context.Context, target Target, opts Options) (*Report, error) {
 		return nil, fmt.Errorf("allow %q: bad port", opts.Allow)
 	}
 	if opts.SecretHost == "" {
-		opts.SecretHost = host
+		opts.SecretHost = opts.Allow // host:port: a secret goes only to the ports it names
 	}
 	rep := &Report{Started: time.Now().UTC()}
 	nonce, token := randHex(4), "space-canary-"+randHex(12)

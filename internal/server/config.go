@@ -10,12 +10,16 @@ import (
 	"strings"
 
 	"github.com/spacesandbox/space/internal/sandbox"
+	"github.com/spacesandbox/space/internal/store"
 	"github.com/spacesandbox/space/internal/template"
 )
 
 // Config is everything `space serve` is told by flags and SPACE_* variables.
 type Config struct {
-	DataDir         string // SPACE_DATA, --data: database, keys, sandbox state (default /var/lib/space)
+	DataDir string // SPACE_DATA, --data: database, keys, sandbox state (default /var/lib/space)
+	// Database is where the records live: a postgres:// URL (SPACE_DATABASE,
+	// --database), or empty for the SQLite file space.db in DataDir.
+	Database        string
 	CacheDir        string // SPACE_CACHE, --cache: gVisor build, template builds (default /var/cache/space)
 	Listen          string // SPACE_LISTEN, --listen (default 127.0.0.1:7070)
 	Driver          string // SPACE_DRIVER, --driver: the default driver (default "gvisor")
@@ -67,6 +71,7 @@ type Config struct {
 	SnapshotIntervalS int    // --snapshot-interval: automatic files snapshots (default 300; -1 off)
 	RetentionDays     int    // --retention-days (default 7)
 	CheckpointOnPause string // --checkpoint-on-pause: on|off (default on)
+	SnapshotOnExec    string // --snapshot-on-exec: on|off (default off), a create's snapshot_on_exec default
 	// QEMUCgroups is --qemu-cgroups: on|off (default on). Off runs QEMU VMs
 	// without cgroups of their own (no CPU quota, memory or pids limit
 	// beyond QEMU's -smp/-m), for hosts with no cgroup filesystem.
@@ -135,6 +140,9 @@ func (c *Config) Defaults() {
 	if c.RetentionDays == 0 {
 		c.RetentionDays = 7
 	}
+	if c.SnapshotOnExec == "" {
+		c.SnapshotOnExec = "off"
+	}
 	if c.CheckpointOnPause == "" {
 		c.CheckpointOnPause = "on"
 	}
@@ -169,6 +177,7 @@ func (c *Config) Validate() error {
 	}
 	for _, f := range []struct{ flag, v string }{
 		{"--checkpoint-on-pause", c.CheckpointOnPause},
+		{"--snapshot-on-exec", c.SnapshotOnExec},
 		{"--qemu-cgroups", c.QEMUCgroups},
 	} {
 		if f.v != "on" && f.v != "off" {
@@ -206,6 +215,9 @@ func (c *Config) Validate() error {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return fmt.Errorf("--log-format %q: want text or json", c.LogFormat)
+	}
+	if c.Database != "" && !store.IsPostgres(c.Database) {
+		return fmt.Errorf("--database: want a postgres:// URL (without it, the records are in space.db under --data)")
 	}
 	if c.E2BDomain != "" && !domainRE.MatchString(c.E2BDomain) {
 		return fmt.Errorf("--e2b-domain %q: want a DNS name such as sandboxes.example.com", c.E2BDomain)

@@ -71,11 +71,22 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("data dir %s is in use by another space server: %w", cfg.DataDir, err)
 	}
 	defer unlock()
-	st, err := store.Open(ctx, filepath.Join(cfg.DataDir, "space.db"))
+	database := cfg.Database
+	if database == "" {
+		database = filepath.Join(cfg.DataDir, "space.db")
+	}
+	st, err := store.OpenDatabase(ctx, database)
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
 	defer st.Close()
+	// Sandboxes run in this process, and recovery below takes every live
+	// record as this server's: one such server per database.
+	releaseHost, err := st.HoldSandboxHost(ctx)
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer releaseHost()
 	keyPath, err := bootstrapKey(ctx, st, cfg.DataDir, log)
 	if err != nil {
 		return fmt.Errorf("admin key: %w", err)
@@ -178,7 +189,7 @@ func Run(ctx context.Context, cfg Config) error {
 	interval := time.Duration(cfg.SnapshotIntervalS) * time.Second
 	retain := time.Duration(cfg.RetentionDays) * 24 * time.Hour
 	svc.SetSnapshots(sandbox.Snapshots{
-		Store: snaps, Interval: interval, CheckpointOnPause: cfg.CheckpointOnPause != "off",
+		Store: snaps, Interval: interval, CheckpointOnPause: cfg.CheckpointOnPause != "off", OnExec: cfg.SnapshotOnExec == "on",
 		Retention: snapshot.Policy{KeepAll: time.Hour, Hourly: 24 * time.Hour, Daily: retain, NamedMaxAge: retain},
 	})
 	eg, err := newEgress(cfg, log)
@@ -230,7 +241,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer os.Remove(filepath.Join(cfg.DataDir, ServeFile))
-	log.Info("serving", "url", url, "driver", cfg.Driver, "data", cfg.DataDir)
+	log.Info("serving", "url", url, "driver", cfg.Driver, "data", cfg.DataDir, "store", st.Backend())
 
 	var wg sync.WaitGroup
 	bg, stopBG := context.WithCancel(ctx)

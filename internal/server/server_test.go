@@ -40,6 +40,8 @@ func TestValidateBounds(t *testing.T) {
 		{"template typo", func(c *Config) { c.DefaultTemplate = "bsae" }, "--template"},
 		{"e2b domain with a scheme", func(c *Config) { c.E2BDomain = "https://sb.example.com" }, "--e2b-domain"},
 		{"e2b domain with a path", func(c *Config) { c.E2BDomain = "sb.example.com/x" }, "--e2b-domain"},
+		{"database not postgres", func(c *Config) { c.Database = "mysql://db/space" }, "--database"},
+		{"database a file", func(c *Config) { c.Database = "/var/lib/space/other.db" }, "--database"},
 	} {
 		var c Config
 		tt.set(&c)
@@ -54,6 +56,8 @@ func TestValidateBounds(t *testing.T) {
 		func(c *Config) { c.DefaultTimeoutS, c.MaxTimeoutS, c.RetentionDays = 60, 60, 1 },
 		func(c *Config) { c.LogLevel, c.LogFormat, c.DefaultTemplate = "debug", "json", "python-data" },
 		func(c *Config) { c.E2BDomain = "sandboxes.example.com" },
+		func(c *Config) { c.Database = "postgres://space:pw@db.internal/space" },
+		func(c *Config) { c.Database = "postgresql://space@/space?host=/run/postgresql" },
 		func(c *Config) { c.MaxTimeoutS = 60 }, // the default follows the cap down
 	} {
 		var c Config

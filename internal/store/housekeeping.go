@@ -116,10 +116,13 @@ func (s *Store) ClaimSandboxWithin(ctx context.Context, sb Sandbox, q Quota) err
 		return err
 	}
 	query := `UPDATE sandboxes SET team = ?, env = ?, metadata = ?, timeout_s = ?, on_timeout = ?,
-		created_at = ?, updated_at = ?, expires_at = ?, snapshot_interval_s = ?, retention_days = ?, public_ports = ?, auto_resume = ?, state = 'running'
+		created_at = ?, updated_at = ?, expires_at = ?, snapshot_interval_s = ?, retention_days = ?, public_ports = ?, auto_resume = ?, snapshot_on_exec = ?, state = 'running'
 		WHERE id = ? AND state = 'pooled'`
 	args := []any{sb.Team, env, md, sb.TimeoutS, sb.OnTimeout, toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt),
-		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), boolInt(sb.AutoResume), sb.ID}
+		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), boolInt(sb.AutoResume), boolInt(sb.SnapshotOnExec), sb.ID}
+	if s.pg {
+		return s.claimPG(ctx, sb, q, query, args)
+	}
 	if !q.SandboxesUnlimited() {
 		query += ` AND ` + withinSQL
 		args = append(args, withinArgs(sb.Team, SizeOf(sb), q)...)
@@ -141,4 +144,26 @@ func (s *Store) ClaimSandboxWithin(ctx context.Context, sb Sandbox, q Quota) err
 		return fmt.Errorf("store: claim sandbox: %w", err)
 	}
 	return err
+}
+
+// claimPG is ClaimSandboxWithin on Postgres. Claims are not grouped there
+// (each runs on a connection of its own, beside the others); one under a
+// quota takes its team's quota lock first, so that the count it admits by
+// holds until it commits, across replicas.
+func (s *Store) claimPG(ctx context.Context, sb Sandbox, q Quota, query string, args []any) error {
+	return s.inTx(ctx, func(t tx) error {
+		if !q.SandboxesUnlimited() {
+			if err := s.admit(ctx, t, sb.Team, SizeOf(sb), q); err != nil {
+				return err
+			}
+		}
+		res, err := t.ExecContext(ctx, query, args...)
+		if err != nil {
+			return fmt.Errorf("store: claim sandbox: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return errdefs.Conflict("sandbox %s is not pooled", sb.ID)
+		}
+		return nil
+	})
 }

@@ -88,12 +88,34 @@ func (s *Store) ListKeys(ctx context.Context, team string) ([]Key, error) {
 func (s *Store) DeleteKey(ctx context.Context, id string) error {
 	// The last admin key is kept: without one no key could be made or
 	// removed until the server restarts (and re-adds its bootstrap key).
-	res, err := s.w.ExecContext(ctx, `DELETE FROM keys WHERE id = ?
-		AND (admin = 0 OR (SELECT COUNT(*) FROM keys WHERE admin != 0) > 1)`, id)
-	if err != nil {
-		return fmt.Errorf("store: delete key: %w", err)
+	const del = `DELETE FROM keys WHERE id = ?
+		AND (admin = 0 OR (SELECT COUNT(*) FROM keys WHERE admin != 0) > 1)`
+	var n int64
+	if s.pg {
+		// Two replicas deleting the last two admin keys at once would
+		// each count the other's: the keys lock orders them.
+		err := s.inTx(ctx, func(t tx) error {
+			if err := s.dia.lock(ctx, t, lockKeys, ""); err != nil {
+				return err
+			}
+			res, err := t.ExecContext(ctx, del, id)
+			if err != nil {
+				return err
+			}
+			n, _ = res.RowsAffected()
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("store: delete key: %w", err)
+		}
+	} else {
+		res, err := s.w.ExecContext(ctx, del, id)
+		if err != nil {
+			return fmt.Errorf("store: delete key: %w", err)
+		}
+		n, _ = res.RowsAffected()
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	if n == 0 {
 		var admin int
 		if s.r.QueryRowContext(ctx, `SELECT admin FROM keys WHERE id = ?`, id).Scan(&admin) == nil {
 			return errdefs.Conflict("key %s is the last admin key", id)

@@ -185,7 +185,14 @@ ALTER TABLE snapshots ADD COLUMN retention_days INTEGER NOT NULL DEFAULT 0;
 DROP INDEX sandboxes_live_team;
 CREATE INDEX sandboxes_live_team ON sandboxes(team, state, memory_mb, cpu) WHERE state IN ('creating', 'running', 'paused', 'stopping', 'error');
 `,
-	// 17: a sandbox's disk reservation (the most host disk its writable
+	// 17: a snapshot after every command (snapshot_on_exec), and the
+	// command a snapshot was taken after (its process seq and command line).
+	`
+ALTER TABLE sandboxes ADD COLUMN snapshot_on_exec INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN command_seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE snapshots ADD COLUMN cause TEXT NOT NULL DEFAULT '';
+`,
+	// 18: a sandbox's disk reservation (the most host disk its writable
 	// layer may fill: 10 GiB, the drivers' size before it was a
 	// parameter) and a team cap on their sum. The live-team index covers
 	// it, so quota checks still read the index only.
@@ -197,14 +204,22 @@ CREATE INDEX sandboxes_live_team ON sandboxes(team, state, memory_mb, cpu, disk_
 `,
 }
 
+// migrator is what migrate runs on: the SQLite writer's *sql.DB, or the
+// one Postgres connection that holds the migration lock (*sql.Conn).
+type migrator interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
 // migrate brings the database to the latest schema version. Each pending
 // migration runs in its own transaction together with the bump of
 // schema_version, so a crash leaves the schema at a whole version.
-func migrate(ctx context.Context, db *sql.DB) error {
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (
+func migrate(ctx context.Context, db migrator, dia *dialect) error {
+	if _, err := db.ExecContext(ctx, dia.ddl(`CREATE TABLE IF NOT EXISTS schema_version (
 		version    INTEGER PRIMARY KEY,
 		applied_at INTEGER NOT NULL
-	)`); err != nil {
+	)`)); err != nil {
 		return fmt.Errorf("store: create schema_version: %w", err)
 	}
 	// A newer binary's schema: this one would run on tables and indexes it
@@ -226,17 +241,18 @@ func migrate(ctx context.Context, db *sql.DB) error {
 			defer tx.Rollback()
 			var applied int
 			// Checked inside the (immediate) transaction so two processes
-			// opening a fresh file apply each migration once.
-			if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_version WHERE version = ?`, version).Scan(&applied); err != nil {
+			// opening a fresh file apply each migration once (on Postgres
+			// the migration lock serializes them).
+			if err := tx.QueryRowContext(ctx, dia.query(`SELECT COUNT(*) FROM schema_version WHERE version = ?`), version).Scan(&applied); err != nil {
 				return err
 			}
 			if applied > 0 {
 				return nil
 			}
-			if _, err := tx.ExecContext(ctx, m); err != nil {
+			if _, err := tx.ExecContext(ctx, dia.ddl(m)); err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO schema_version(version, applied_at) VALUES (?, strftime('%s','now'))`, version); err != nil {
+			if _, err := tx.ExecContext(ctx, dia.query(`INSERT INTO schema_version(version, applied_at) VALUES (?, strftime('%s','now'))`), version); err != nil {
 				return err
 			}
 			return tx.Commit()

@@ -2,17 +2,17 @@ package store
 
 import (
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
-func TestPoolSettings(t *testing.T) {
+func TestPoolSettings(t *testing.T) { forBackends(t, testPoolSettings) }
+
+func testPoolSettings(t *testing.T, open opener) {
 	ctx := t.Context()
-	dir := t.TempDir()
-	s := openTest(t, filepath.Join(dir, "space.db"))
+	s := open()
 	if ps, err := s.PoolSettings(ctx); err != nil || len(ps) != 0 {
 		t.Fatalf("fresh store: %+v, %v", ps, err)
 	}
@@ -38,9 +38,9 @@ func TestPoolSettings(t *testing.T) {
 			t.Errorf("PutPoolSetting(%+v) = %v, want invalid argument", bad, err)
 		}
 	}
-	// Kept across a reopen of the file.
+	// Kept across a reopen of the database.
 	s.Close()
-	s = openTest(t, filepath.Join(dir, "space.db"))
+	s = open()
 	got, err := s.PoolSettings(ctx)
 	if err != nil {
 		t.Fatal(err)

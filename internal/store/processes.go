@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 	"unicode/utf8"
@@ -142,14 +143,55 @@ func (s *Store) ListProcesses(ctx context.Context, sandboxID string) ([]Process,
 // the order they were recorded, and the sequence number to continue after
 // when more may follow (0 when these are the last).
 func (s *Store) ProcessPage(ctx context.Context, sandboxID string, after int64, limit int) ([]Process, int64, error) {
-	q := limit
+	q := math.MaxInt64 // all (Postgres refuses SQLite's LIMIT -1)
 	if limit >= 0 {
 		q = limit + 1 // one more tells whether a next page exists
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT seq, sandbox_id, pid, cmd, tag, background, started_at, exit_code, exited_at
+	out, err := s.queryProcesses(ctx, `SELECT `+processCols+`
 		FROM processes WHERE sandbox_id = ? AND seq > ? ORDER BY seq LIMIT ?`, sandboxID, after, q)
 	if err != nil {
-		return nil, 0, fmt.Errorf("store: list processes: %w", err)
+		return nil, 0, err
+	}
+	var next int64
+	if limit >= 0 && len(out) > limit {
+		out = out[:limit]
+		next = out[len(out)-1].Seq
+	}
+	return out, next, nil
+}
+
+const processCols = `seq, sandbox_id, pid, cmd, tag, background, started_at, exit_code, exited_at`
+
+// GetProcess returns the process record seq of sandboxID. Errors:
+// errdefs.ErrNotFound (no such record, or it is another sandbox's).
+func (s *Store) GetProcess(ctx context.Context, sandboxID string, seq int64) (Process, error) {
+	out, err := s.queryProcesses(ctx, `SELECT `+processCols+` FROM processes WHERE sandbox_id = ? AND seq = ?`, sandboxID, seq)
+	if err != nil {
+		return Process{}, err
+	}
+	if len(out) == 0 {
+		return Process{}, errdefs.NotFound("no command %d in sandbox %s", seq, sandboxID)
+	}
+	return out[0], nil
+}
+
+// LatestProcess returns the newest record of PID pid in sandboxID (a PID
+// is recorded again once reused). Errors: errdefs.ErrNotFound.
+func (s *Store) LatestProcess(ctx context.Context, sandboxID string, pid int) (Process, error) {
+	out, err := s.queryProcesses(ctx, `SELECT `+processCols+` FROM processes WHERE sandbox_id = ? AND pid = ? ORDER BY seq DESC LIMIT 1`, sandboxID, pid)
+	if err != nil {
+		return Process{}, err
+	}
+	if len(out) == 0 {
+		return Process{}, errdefs.NotFound("no process %d in sandbox %s", pid, sandboxID)
+	}
+	return out[0], nil
+}
+
+func (s *Store) queryProcesses(ctx context.Context, q string, args ...any) ([]Process, error) {
+	rows, err := s.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list processes: %w", err)
 	}
 	defer rows.Close()
 	var out []Process
@@ -160,10 +202,10 @@ func (s *Store) ProcessPage(ctx context.Context, sandboxID string, after int64, 
 		var started int64
 		var code, exited sql.NullInt64
 		if err := rows.Scan(&p.Seq, &p.SandboxID, &p.PID, &cmd, &p.Tag, &bg, &started, &code, &exited); err != nil {
-			return nil, 0, fmt.Errorf("store: list processes: %w", err)
+			return nil, fmt.Errorf("store: list processes: %w", err)
 		}
 		if err := json.Unmarshal([]byte(cmd), &p.Cmd); err != nil {
-			return nil, 0, fmt.Errorf("store: decode cmd: %w", err)
+			return nil, fmt.Errorf("store: decode cmd: %w", err)
 		}
 		p.Background = bg != 0
 		p.StartedAt = fromNanos(started)
@@ -175,14 +217,9 @@ func (s *Store) ProcessPage(ctx context.Context, sandboxID string, after int64, 
 		out = append(out, p)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("store: list processes: %w", err)
+		return nil, fmt.Errorf("store: list processes: %w", err)
 	}
-	var next int64
-	if limit >= 0 && len(out) > limit {
-		out = out[:limit]
-		next = out[len(out)-1].Seq
-	}
-	return out, next, nil
+	return out, nil
 }
 
 // ProcessOp is one entry of a process log batch: a start (Start set) or an

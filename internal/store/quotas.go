@@ -137,8 +137,31 @@ func refused(ctx context.Context, t tx, team string, sz Size, q Quota, other err
 	return other
 }
 
+// admit (Postgres) takes team's quota lock for the rest of t, then checks
+// that one more sandbox of size sz fits under q by what the team holds
+// now. Every admission of the team, on every replica, holds the lock from
+// its count to its commit, so none counts before another's sandbox is
+// stored; a sandbox stopping meanwhile only frees room. A refusal names
+// the usage that decided it (what refused does on SQLite).
+func (s *Store) admit(ctx context.Context, t tx, team string, sz Size, q Quota) error {
+	if err := s.dia.lock(ctx, t, lockTeamQuota, team); err != nil {
+		return fmt.Errorf("store: quota lock of team %s: %w", team, err)
+	}
+	var u Usage
+	if err := t.QueryRowContext(ctx, usageSQL, team).Scan(&u.Sandboxes, &u.MemoryMB, &u.CPU, &u.DiskMB); err != nil {
+		return fmt.Errorf("store: team usage: %w", err)
+	}
+	if !q.fits(u, 1, sz) {
+		if beforeRefusal != nil {
+			beforeRefusal()
+		}
+		return quotaError(team, q, u, 1, sz)
+	}
+	return nil
+}
+
 // beforeRefusal, when set (tests), runs when a quota-checked write changed
-// no row, before refused reads why.
+// no row, before refused reads why (on Postgres: when admit refuses).
 var beforeRefusal func()
 
 // GetQuota returns team's own quota. Errors: errdefs.ErrNotFound when the

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,9 +13,11 @@ import (
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
-func TestQuotaCRUD(t *testing.T) {
+func TestQuotaCRUD(t *testing.T) { forBackends(t, testQuotaCRUD) }
+
+func testQuotaCRUD(t *testing.T, open opener) {
 	ctx := t.Context()
-	s := openTest(t, "")
+	s := open()
 	if _, err := s.GetQuota(ctx, "t1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("GetQuota of a team without one: %v", err)
 	}
@@ -42,9 +43,11 @@ func TestQuotaCRUD(t *testing.T) {
 	}
 }
 
-func TestQuotaCreate(t *testing.T) {
+func TestQuotaCreate(t *testing.T) { forBackends(t, testQuotaCreate) }
+
+func testQuotaCreate(t *testing.T, open opener) {
 	ctx := t.Context()
-	s := openTest(t, "")
+	s := open()
 	q := Quota{MaxSandboxes: 2, MaxMemoryMB: 1536}
 	for i, state := range []string{"running", "paused"} {
 		if err := s.CreateSandboxWithin(ctx, newSandbox(fmt.Sprint("sb", i), "t1", state), q); err != nil {
@@ -94,9 +97,11 @@ func TestQuotaCreate(t *testing.T) {
 // A sandbox left in state error (its instance could not be destroyed, so
 // it may still hold memory and CPUs) counts against its team's quota until
 // it stops.
-func TestQuotaCountsError(t *testing.T) {
+func TestQuotaCountsError(t *testing.T) { forBackends(t, testQuotaCountsError) }
+
+func testQuotaCountsError(t *testing.T, open opener) {
 	ctx := t.Context()
-	s := openTest(t, "")
+	s := open()
 	q := Quota{MaxSandboxes: 2}
 	for i := range 2 {
 		if err := s.CreateSandboxWithin(ctx, newSandbox(fmt.Sprint("sb", i), "t1", "creating"), q); err != nil {
@@ -124,9 +129,11 @@ func TestQuotaCountsError(t *testing.T) {
 // team that stops right after the write (injected at beforeRefusal) must
 // not turn the quota error into a 500 for a create or into "not pooled"
 // for a claim (whose warm sandbox the service would then destroy).
-func TestQuotaRefusalConsistent(t *testing.T) {
+func TestQuotaRefusalConsistent(t *testing.T) { forBackends(t, testQuotaRefusalConsistent) }
+
+func testQuotaRefusalConsistent(t *testing.T, open opener) {
 	ctx := t.Context()
-	s := openTest(t, "")
+	s := open()
 	createPooled(t, s, 1)
 	q := Quota{MaxSandboxes: 1}
 	var stopping string // the sandbox the hook stops
@@ -166,9 +173,11 @@ func TestQuotaRefusalConsistent(t *testing.T) {
 // TestQuotaCPU: the CPUs a team's live sandboxes hold together are
 // limited like their memory, for creates and claims alike; the error says
 // which limit.
-func TestQuotaCPU(t *testing.T) {
+func TestQuotaCPU(t *testing.T) { forBackends(t, testQuotaCPU) }
+
+func testQuotaCPU(t *testing.T, open opener) {
 	ctx := t.Context()
-	s := openTest(t, "")
+	s := open()
 	q := Quota{MaxCPU: 5}
 	for i, state := range []string{"running", "paused"} { // 2 CPUs each
 		if err := s.CreateSandboxWithin(ctx, newSandbox(fmt.Sprint("sb", i), "t1", state), q); err != nil {
@@ -205,9 +214,11 @@ func TestQuotaCPU(t *testing.T) {
 }
 
 // Concurrent creates and claims of one team never overshoot its quota.
-func TestQuotaRace(t *testing.T) {
+func TestQuotaRace(t *testing.T) { forBackends(t, testQuotaRace) }
+
+func testQuotaRace(t *testing.T, open opener) {
 	ctx := t.Context()
-	s := openTest(t, "")
+	s := open()
 	createPooled(t, s, 10)
 	q := Quota{MaxSandboxes: 7}
 	var ok, refused atomic.Int32
@@ -274,14 +285,14 @@ func TestUsageReadsIndexOnly(t *testing.T) {
 
 // BenchmarkClaimWithin is one warm claim under a quota for a team already
 // holding 1,000 live sandboxes (and those claimed before it: run it with
-// -benchtime 500x): the claim counts them in its statement.
-func BenchmarkClaimWithin(b *testing.B) {
+// -benchtime 500x): the claim counts them in its statement (SQLite) or
+// under its team's quota lock (Postgres). One claim at a time: its
+// latency.
+func BenchmarkClaimWithin(b *testing.B) { benchBackends(b, benchClaimWithin) }
+
+func benchClaimWithin(b *testing.B, open opener) {
 	ctx := b.Context()
-	s, err := Open(ctx, filepath.Join(b.TempDir(), "space.db"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	s := open()
 	for i := range 1000 {
 		if err := s.CreateSandbox(ctx, newSandbox(fmt.Sprint("live", i), "t1", "running")); err != nil {
 			b.Fatal(err)
@@ -299,6 +310,39 @@ func BenchmarkClaimWithin(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkClaimsConcurrent is warm claims under a quota from 16
+// goroutines over two Stores on one database (two replicas; on SQLite two
+// processes' worth of writers on one file), each claim its own team's
+// (teams spread the quota locks): claims/s is the throughput the store
+// alone gives a burst of warm creates.
+func BenchmarkClaimsConcurrent(b *testing.B) { benchBackends(b, benchClaimsConcurrent) }
+
+func benchClaimsConcurrent(b *testing.B, open opener) {
+	ctx := b.Context()
+	replicas := []*Store{open(), open()}
+	for i := range b.N {
+		if err := replicas[0].CreateSandbox(ctx, newSandbox(fmt.Sprint("pool", i), "-pool", "pooled")); err != nil {
+			b.Fatal(err)
+		}
+	}
+	q := Quota{MaxSandboxes: 1 << 30}
+	var next atomic.Int64
+	b.SetParallelism(8) // 16 goroutines on 2 cores
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := next.Add(1) - 1
+			sb := newSandbox(fmt.Sprint("pool", i), fmt.Sprint("t", i%8), "running")
+			if err := replicas[i%2].ClaimSandboxWithin(ctx, sb, q); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "claims/s")
 }
 
 // TestDiskQuota: a sandbox's disk reservation is stored, counted in its

@@ -52,6 +52,9 @@ type Sandbox struct {
 	// AutoResume: while paused, a request to its processes, files or
 	// ports resumes it (E2B's autoResume); off unless asked for.
 	AutoResume bool
+	// SnapshotOnExec: a files snapshot after every command that changed
+	// files, naming the command.
+	SnapshotOnExec bool
 }
 
 // SandboxFilter selects sandboxes for ListSandboxes. Empty fields match
@@ -62,6 +65,13 @@ type SandboxFilter struct {
 	Metadata map[string]string // only sandboxes whose metadata has every pair
 	Limit    int               // page size; 0 means DefaultListLimit, capped at MaxListLimit
 	After    string            // cursor returned by the previous page
+	// Templates, when set, keeps only sandboxes of one of these templates.
+	Templates []string
+	// CreatedFrom, when set, keeps only sandboxes created at or after it.
+	CreatedFrom time.Time
+	// Newest lists the newest first (E2B's order); the default is oldest
+	// first. A cursor continues the order of the page it came from.
+	Newest bool
 }
 
 // Page sizes of ListSandboxes.
@@ -72,20 +82,20 @@ const (
 
 const sandboxCols = `id, team, template, template_digest, driver, state, reason, handle, env, metadata,
 	cpu, memory_mb, timeout_s, on_timeout, created_at, updated_at, expires_at, stopped_at,
-	snapshot_interval_s, retention_days, public_ports, auto_resume, disk_mb`
+	snapshot_interval_s, retention_days, public_ports, auto_resume, snapshot_on_exec, disk_mb`
 
 func scanSandbox(sc scanner) (Sandbox, error) {
 	var sb Sandbox
 	var env, md string
 	var created, updated, expires int64
 	var stopped sql.NullInt64
-	var public, autoResume int
+	var public, autoResume, onExec int
 	if err := sc.Scan(&sb.ID, &sb.Team, &sb.Template, &sb.TemplateDigest, &sb.Driver, &sb.State, &sb.Reason,
 		&sb.Handle, &env, &md, &sb.CPU, &sb.MemoryMB, &sb.TimeoutS, &sb.OnTimeout,
-		&created, &updated, &expires, &stopped, &sb.SnapshotIntervalS, &sb.RetentionDays, &public, &autoResume, &sb.DiskMB); err != nil {
+		&created, &updated, &expires, &stopped, &sb.SnapshotIntervalS, &sb.RetentionDays, &public, &autoResume, &onExec, &sb.DiskMB); err != nil {
 		return Sandbox{}, err
 	}
-	sb.PublicPorts, sb.AutoResume = public != 0, autoResume != 0
+	sb.PublicPorts, sb.AutoResume, sb.SnapshotOnExec = public != 0, autoResume != 0, onExec != 0
 	var err error
 	if sb.Env, err = decodeMap(env); err != nil {
 		return Sandbox{}, err
@@ -133,11 +143,22 @@ func (s *Store) CreateSandboxWithin(ctx context.Context, sb Sandbox, q Quota) er
 	args := []any{sb.ID, sb.Team, sb.Template, sb.TemplateDigest, sb.Driver, sb.State, sb.Reason, sb.Handle, env, md,
 		sb.CPU, sb.MemoryMB, sb.TimeoutS, sb.OnTimeout,
 		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt), toNullNanos(sb.StoppedAt),
-		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), boolInt(sb.AutoResume), sb.DiskMB}
-	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
+		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), boolInt(sb.AutoResume), boolInt(sb.SnapshotOnExec), sb.DiskMB}
+	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
 	if q.SandboxesUnlimited() {
 		_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES (`+values+`)`, args...)
 		return classify(err, "sandbox "+sb.ID)
+	}
+	if s.pg {
+		// Under the team's quota lock: the count and the insert cannot
+		// interleave with another replica's admission.
+		return s.inTx(ctx, func(t tx) error {
+			if err := s.admit(ctx, t, sb.Team, SizeOf(sb), q); err != nil {
+				return err
+			}
+			_, err := t.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES (`+values+`)`, args...)
+			return classify(err, "sandbox "+sb.ID)
+		})
 	}
 	// One transaction: a refusal is explained by what the insert saw.
 	return s.inTx(ctx, func(t tx) error {
@@ -196,27 +217,40 @@ func (s *Store) ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, 
 		}
 	}
 	for k, v := range f.Metadata {
-		// json_each matches any key text exactly, with no JSON-path quoting.
-		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ? AND json_each.value = ?)")
+		where = append(where, s.dia.metadataMatch())
 		args = append(args, k, v)
+	}
+	if len(f.Templates) > 0 {
+		where = append(where, "template IN ("+placeholders(len(f.Templates))+")")
+		for _, t := range f.Templates {
+			args = append(args, t)
+		}
+	}
+	if !f.CreatedFrom.IsZero() {
+		where = append(where, "created_at >= ?")
+		args = append(args, toNanos(f.CreatedFrom))
+	}
+	cmp, order := ">", " ORDER BY created_at, id LIMIT ?"
+	if f.Newest {
+		cmp, order = "<", " ORDER BY created_at DESC, id DESC LIMIT ?"
 	}
 	if f.After != "" {
 		created, id, err := decodeCursor(f.After)
 		if err != nil {
 			return nil, "", err
 		}
-		where = append(where, "(created_at > ? OR (created_at = ? AND id > ?))")
+		where = append(where, "(created_at "+cmp+" ? OR (created_at = ? AND id "+cmp+" ?))")
 		args = append(args, created, created, id)
 	}
 	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
-	q += " ORDER BY created_at, id LIMIT ?"
+	q += order
 	args = append(args, limit+1) // one more tells whether there is a next page
 
 	// Built from the filter: unprepared, never cached.
-	rows, err := s.r.DB.QueryContext(ctx, q, args...)
+	rows, err := s.r.queryBuilt(ctx, q, args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("store: list sandboxes: %w", err)
 	}
@@ -253,7 +287,7 @@ func (s *Store) UpdateSandboxState(ctx context.Context, id string, fromStates []
 	}
 	return s.inTx(ctx, func(tx tx) error {
 		var cur string
-		err := tx.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE id = ?`, id).Scan(&cur)
+		err := tx.QueryRowContext(ctx, `SELECT state FROM sandboxes WHERE id = ?`+s.dia.forUpdate(), id).Scan(&cur)
 		if errors.Is(err, sql.ErrNoRows) {
 			return errdefs.NotFound("sandbox %s not found", id)
 		}

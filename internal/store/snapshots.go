@@ -37,15 +37,23 @@ type Snapshot struct {
 	// RetentionDays is its sandbox's retention_days when it was taken (0:
 	// the server's policy), for when the sandbox's record is gone.
 	RetentionDays int
+	// CommandSeq is the process record (Process.Seq) of the command this
+	// snapshot was taken after (snapshot_on_exec; 0: none), and Cause
+	// that command's line as the timeline shows it (cut to MaxCauseBytes).
+	CommandSeq int64
+	Cause      string
 }
 
-const snapshotCols = `id, sandbox_id, team, kind, name, parent, template, template_digest, automatic, status, error, bytes_new, bytes_total, created_at, retention_days`
+// MaxCauseBytes bounds a snapshot's Cause.
+const MaxCauseBytes = 200
+
+const snapshotCols = `id, sandbox_id, team, kind, name, parent, template, template_digest, automatic, status, error, bytes_new, bytes_total, created_at, retention_days, command_seq, cause`
 
 func scanSnapshot(sc scanner) (Snapshot, error) {
 	var s Snapshot
 	var auto int
 	var created int64
-	if err := sc.Scan(&s.ID, &s.SandboxID, &s.Team, &s.Kind, &s.Name, &s.Parent, &s.Template, &s.TemplateDigest, &auto, &s.Status, &s.Error, &s.BytesNew, &s.BytesTotal, &created, &s.RetentionDays); err != nil {
+	if err := sc.Scan(&s.ID, &s.SandboxID, &s.Team, &s.Kind, &s.Name, &s.Parent, &s.Template, &s.TemplateDigest, &auto, &s.Status, &s.Error, &s.BytesNew, &s.BytesTotal, &created, &s.RetentionDays, &s.CommandSeq, &s.Cause); err != nil {
 		return Snapshot{}, err
 	}
 	s.Automatic = auto != 0
@@ -56,9 +64,9 @@ func scanSnapshot(sc scanner) (Snapshot, error) {
 // CreateSnapshot records a new snapshot. Errors: errdefs.ErrConflict for a
 // duplicate id.
 func (s *Store) CreateSnapshot(ctx context.Context, sn Snapshot) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := s.w.ExecContext(ctx, `INSERT INTO snapshots (`+snapshotCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sn.ID, sn.SandboxID, sn.Team, sn.Kind, sn.Name, sn.Parent, sn.Template, sn.TemplateDigest, boolInt(sn.Automatic),
-		sn.Status, sn.Error, sn.BytesNew, sn.BytesTotal, toNanos(sn.CreatedAt), sn.RetentionDays)
+		sn.Status, sn.Error, sn.BytesNew, sn.BytesTotal, toNanos(sn.CreatedAt), sn.RetentionDays, sn.CommandSeq, sn.Cause)
 	return classify(err, "snapshot "+sn.ID)
 }
 
@@ -136,6 +144,11 @@ func (s *Store) listSnapshots(ctx context.Context, col, value, status string) ([
 // Errors: errdefs.ErrNotFound.
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	return s.inTx(ctx, func(tx tx) error {
+		// Two replicas deleting neighbours of one timeline at once would
+		// each re-parent by what the other has not committed yet.
+		if err := s.dia.lock(ctx, tx, lockSnapshots, ""); err != nil {
+			return fmt.Errorf("store: delete snapshot: %w", err)
+		}
 		if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET parent = (SELECT parent FROM snapshots WHERE id = ?)
 			WHERE parent = ? AND EXISTS (SELECT 1 FROM snapshots WHERE id = ?)`, id, id, id); err != nil {
 			return fmt.Errorf("store: delete snapshot: %w", err)

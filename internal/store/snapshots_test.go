@@ -10,9 +10,11 @@ import (
 
 // TestSnapshotTimeline: deleting a snapshot gives its children its parent,
 // so no timeline names a deleted snapshot; TeamSnapshots lists one team's.
-func TestSnapshotTimeline(t *testing.T) {
+func TestSnapshotTimeline(t *testing.T) { forBackends(t, testSnapshotTimeline) }
+
+func testSnapshotTimeline(t *testing.T, open opener) {
 	ctx := t.Context()
-	s := openTest(t, "")
+	s := open()
 	t0 := time.Unix(1700000000, 0)
 	parent := ""
 	for i, id := range []string{"a", "b", "c"} {

@@ -21,12 +21,13 @@ const maxCachedStmts = 256
 // methods (d.DB.QueryContext) run a query unprepared.
 type db struct {
 	*sql.DB
+	dia *dialect // queries are written for SQLite; on Postgres, translated
 
 	mu    sync.Mutex
 	stmts map[string]*sql.Stmt
 }
 
-func newDB(d *sql.DB) *db { return &db{DB: d, stmts: map[string]*sql.Stmt{}} }
+func newDB(d *sql.DB, dia *dialect) *db { return &db{DB: d, dia: dia, stmts: map[string]*sql.Stmt{}} }
 
 // cached returns the cached statement for query, or nil.
 func (d *db) cached(query string) *sql.Stmt {
@@ -41,6 +42,12 @@ func (d *db) cached(query string) *sql.Stmt {
 // database's connections: never call it while holding the writer's (in a
 // transaction).
 func (d *db) stmt(ctx context.Context, query string) *sql.Stmt {
+	if d.dia.pg {
+		// pgx prepares and caches each statement on each connection
+		// itself; a database/sql statement on top would only pin it to
+		// connections.
+		return nil
+	}
 	d.mu.Lock()
 	st, ok := d.stmts[query]
 	full := len(d.stmts) >= maxCachedStmts
@@ -63,25 +70,40 @@ func (d *db) stmt(ctx context.Context, query string) *sql.Stmt {
 	return st
 }
 
+// ExecContext runs query (a statement on its own, committed by itself).
+// On Postgres a statement the server chose as a deadlock's victim runs
+// again, up to maxRetries times.
 func (d *db) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	if st := d.stmt(ctx, query); st != nil {
 		return st.ExecContext(ctx, args...)
 	}
-	return d.DB.ExecContext(ctx, query, args...)
+	q := d.dia.query(query)
+	for i := 0; ; i++ {
+		res, err := d.DB.ExecContext(ctx, q, args...)
+		if err == nil || i+1 >= maxRetries || !retryable(err) {
+			return res, err
+		}
+	}
 }
 
 func (d *db) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	if st := d.stmt(ctx, query); st != nil {
 		return st.QueryContext(ctx, args...)
 	}
-	return d.DB.QueryContext(ctx, query, args...)
+	return d.DB.QueryContext(ctx, d.dia.query(query), args...)
 }
 
 func (d *db) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	if st := d.stmt(ctx, query); st != nil {
 		return st.QueryRowContext(ctx, args...)
 	}
-	return d.DB.QueryRowContext(ctx, query, args...)
+	return d.DB.QueryRowContext(ctx, d.dia.query(query), args...)
+}
+
+// queryBuilt runs a query built from its input: never prepared or cached
+// (see maxCachedStmts).
+func (d *db) queryBuilt(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return d.DB.QueryContext(ctx, d.dia.query(query), args...)
 }
 
 // Close closes the cached statements, then the database.
@@ -108,6 +130,9 @@ type tx struct {
 }
 
 func (t tx) stmt(ctx context.Context, query string) *sql.Stmt {
+	if t.d.dia.pg {
+		return nil
+	}
 	st := t.d.cached(query)
 	if st == nil {
 		*t.uncached = append(*t.uncached, query)
@@ -120,19 +145,19 @@ func (t tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Res
 	if st := t.stmt(ctx, query); st != nil {
 		return st.ExecContext(ctx, args...)
 	}
-	return t.Tx.ExecContext(ctx, query, args...)
+	return t.Tx.ExecContext(ctx, t.d.dia.query(query), args...)
 }
 
 func (t tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	if st := t.stmt(ctx, query); st != nil {
 		return st.QueryContext(ctx, args...)
 	}
-	return t.Tx.QueryContext(ctx, query, args...)
+	return t.Tx.QueryContext(ctx, t.d.dia.query(query), args...)
 }
 
 func (t tx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	if st := t.stmt(ctx, query); st != nil {
 		return st.QueryRowContext(ctx, args...)
 	}
-	return t.Tx.QueryRowContext(ctx, query, args...)
+	return t.Tx.QueryRowContext(ctx, t.d.dia.query(query), args...)
 }

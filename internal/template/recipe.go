@@ -133,13 +133,16 @@ func (r Recipe) Validate() error {
 // basePackages are what every built-in template has.
 var basePackages = []string{
 	"bash", "coreutils", "python3", "nodejs", "git", "curl", "ca-certificates",
-	"procps", "less", "file", "passwd", "python3-requests",
+	"procps", "less", "file", "passwd", "python3-requests", "sudo",
 }
 
 // baseCustomize sets up the sandbox user and trims the image.
 var baseCustomize = []string{
 	"getent group user >/dev/null || groupadd --gid 1000 user",
 	"id user >/dev/null 2>&1 || useradd --uid 1000 --gid 1000 --create-home --home-dir /home/user --shell /bin/bash user",
+	// Passwordless sudo, as E2B's default user has: inside the sandbox
+	// only (docs/SECURITY.md says why it changes nothing at the boundary).
+	`printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\n' > /etc/sudoers.d/user && chmod 0440 /etc/sudoers.d/user`,
 	"echo sandbox > /etc/hostname",
 	// Every driver names the guest "sandbox"; a server that resolves its
 	// own hostname (as some bind or log it) must not fail. The builder
@@ -155,11 +158,12 @@ var baseCustomize = []string{
 }
 
 // Base is the default template: a small Debian with a shell, Python,
-// Node.js and git, and a user "user" (uid/gid 1000, home /home/user).
+// Node.js and git, and a user "user" (uid/gid 1000, home /home/user) with
+// passwordless sudo.
 func Base() Recipe {
 	return Recipe{
 		Name:        "base",
-		Description: "Debian bookworm with bash, python3, nodejs, git and curl; user 'user' (1000)",
+		Description: "Debian bookworm with bash, python3, nodejs, git and curl; user 'user' (1000) with passwordless sudo",
 		Suite:       DefaultSuite,
 		Variant:     DefaultVariant,
 		Mirror:      DefaultMirror,

@@ -13,6 +13,7 @@ import (
 // server recorded it. The history is kept as long as the sandbox's
 // record, after the sandbox stopped too.
 type Command struct {
+	ID         int64      `json:"id"` // what RestoreBefore and snapshots' CommandID name
 	PID        int        `json:"pid"`
 	Cmd        []string   `json:"cmd"` // a shell command is ["/bin/bash", "-lc", command]
 	Tag        string     `json:"tag,omitempty"`

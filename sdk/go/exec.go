@@ -54,12 +54,15 @@ func (r ExecRequest) MarshalJSON() ([]byte, error) {
 // ExecResult is the outcome of a non-streamed exec. For a background exec only
 // PID is set.
 type ExecResult struct {
-	PID      int
-	ExitCode int
-	Signal   string // e.g. "SIGKILL" when a signal ended the process
-	Error    string // e.g. "timeout", when the server reports one
-	Stdout   []byte
-	Stderr   []byte
+	PID int
+	// CommandID is the command's id (Command.ID) in a sandbox created with
+	// SnapshotOnExec (0 otherwise; the command list has it either way).
+	CommandID int64
+	ExitCode  int
+	Signal    string // e.g. "SIGKILL" when a signal ended the process
+	Error     string // e.g. "timeout", when the server reports one
+	Stdout    []byte
+	Stderr    []byte
 	// Truncated is set when the server dropped some of the output (past
 	// its per-exec or server-wide buffer): Stdout and Stderr are partial.
 	Truncated bool
@@ -68,6 +71,7 @@ type ExecResult struct {
 func (r *ExecResult) UnmarshalJSON(b []byte) error {
 	var w struct {
 		PID       int     `json:"pid"`
+		CommandID int64   `json:"command_id"`
 		ExitCode  int     `json:"exit_code"`
 		Signal    string  `json:"signal"`
 		Error     string  `json:"error"`
@@ -80,7 +84,7 @@ func (r *ExecResult) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
-	*r = ExecResult{PID: w.PID, ExitCode: w.ExitCode, Signal: w.Signal, Error: w.Error, Truncated: w.Truncated}
+	*r = ExecResult{PID: w.PID, CommandID: w.CommandID, ExitCode: w.ExitCode, Signal: w.Signal, Error: w.Error, Truncated: w.Truncated}
 	var err error
 	if r.Stdout, err = textOrB64(w.Stdout, w.StdoutB64); err != nil {
 		return fmt.Errorf("stdout_b64: %w", err)

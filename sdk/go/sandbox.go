@@ -45,6 +45,9 @@ type Sandbox struct {
 	// AutoResume: while paused, a request to its processes, files or ports
 	// resumes it first.
 	AutoResume bool `json:"auto_resume,omitempty"`
+	// SnapshotOnExec: a files snapshot after every command that changed
+	// files.
+	SnapshotOnExec bool `json:"snapshot_on_exec,omitempty"`
 }
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes. Zero fields take the
@@ -78,6 +81,11 @@ type CreateSandboxRequest struct {
 	// Pause), a request to its processes, files or ports resumes it first
 	// (E2B's autoResume). Forks and restores keep it.
 	AutoResume bool `json:"auto_resume,omitempty"`
+	// SnapshotOnExec: a files snapshot after every command that changed
+	// files, naming the command (see FileHistory, RestoreBefore); nil
+	// takes the server's default (off unless space serve
+	// --snapshot-on-exec).
+	SnapshotOnExec *bool `json:"snapshot_on_exec,omitempty"`
 }
 
 // CreateSandbox creates and starts a sandbox. It returns when the sandbox is

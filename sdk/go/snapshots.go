@@ -58,6 +58,10 @@ type Snapshot struct {
 	BytesNew   int64     `json:"bytes_new"`          // bytes stored that no earlier snapshot had
 	BytesTotal int64     `json:"bytes_total"`        // bytes the snapshot references in all
 	Verified   bool      `json:"verified,omitempty"` // set by GetSnapshot(…, verify=true)
+	// CommandID and Cause name the command it was taken after (a sandbox
+	// created with SnapshotOnExec); Cause is that command's line.
+	CommandID int64  `json:"command_id,omitempty"`
+	Cause     string `json:"cause,omitempty"`
 }
 
 // SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshots. A zero
@@ -92,8 +96,9 @@ type Change struct {
 
 // RestoreResult says what RestoreFiles changed in the sandbox.
 type RestoreResult struct {
-	Written []string `json:"written"`
-	Removed []string `json:"removed"`
+	Snapshot string   `json:"snapshot"` // the snapshot the files came from
+	Written  []string `json:"written"`
+	Removed  []string `json:"removed"`
 }
 
 // ForkRequest is the body of POST /v1/sandboxes/{id}/fork.
@@ -262,4 +267,73 @@ func (c *Client) Fork(ctx context.Context, id string, req ForkRequest) ([]Sandbo
 		return nil, err
 	}
 	return out.Sandboxes, nil
+}
+
+// FileVersion is one version of a path in a sandbox's timeline (see
+// FileHistory).
+type FileVersion struct {
+	Snapshot  string    `json:"snapshot"`           // the first snapshot holding this version ("" with Template)
+	Template  bool      `json:"template,omitempty"` // the template's version, before any snapshot
+	CreatedAt time.Time `json:"created_at"`
+	CommandID int64     `json:"command_id,omitempty"` // the command that made it (SnapshotOnExec)
+	Command   string    `json:"command,omitempty"`
+	Deleted   bool      `json:"deleted,omitempty"` // the path is gone in this snapshot
+	Type      string    `json:"type,omitempty"`
+	Size      int64     `json:"size"`
+	Mode      uint32    `json:"mode,omitempty"`
+	SHA256    string    `json:"sha256,omitempty"` // of a regular file's content (up to 256 MiB)
+	Target    string    `json:"target,omitempty"` // a symlink's target
+}
+
+// FileHistory lists the versions of path across sandbox id's timeline,
+// oldest first: one entry per snapshot where its content changed.
+func (c *Client) FileHistory(ctx context.Context, id, path string) ([]FileVersion, error) {
+	var out struct {
+		Versions []FileVersion `json:"versions"`
+	}
+	q := url.Values{"path": {path}}
+	if err := c.do(ctx, request{method: http.MethodGet, path: sandboxPath(id, "files/history"), query: q}, &out); err != nil {
+		return nil, err
+	}
+	return out.Versions, nil
+}
+
+// FileDiff is a unified diff of one file between two snapshots.
+type FileDiff struct {
+	From       string `json:"from"`
+	To         string `json:"to"`
+	Path       string `json:"path"`
+	FromExists bool   `json:"from_exists"`
+	ToExists   bool   `json:"to_exists"`
+	FromSize   int64  `json:"from_size"`
+	ToSize     int64  `json:"to_size"`
+	Binary     bool   `json:"binary,omitempty"`    // not text: no Diff
+	TooLarge   bool   `json:"too_large,omitempty"` // a side over 1 MiB: no Diff
+	Same       bool   `json:"same"`
+	Diff       string `json:"diff"`
+}
+
+// DiffFile diffs path between snapshots from and to.
+func (c *Client) DiffFile(ctx context.Context, from, to, path string) (*FileDiff, error) {
+	var out FileDiff
+	q := url.Values{"from": {from}, "to": {to}, "path": {path}}
+	if err := c.do(ctx, request{method: http.MethodGet, path: "/v1/snapshots/diff", query: q}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RestoreBefore brings paths (every path when empty) of running sandbox id
+// back to how they were before command cmdID (Command.ID) started; a path
+// that did not exist then is removed.
+func (c *Client) RestoreBefore(ctx context.Context, id string, cmdID int64, paths []string) (*RestoreResult, error) {
+	body := struct {
+		BeforeCommand int64    `json:"before_command"`
+		Paths         []string `json:"paths,omitempty"`
+	}{cmdID, paths}
+	var res RestoreResult
+	if err := c.do(ctx, request{method: http.MethodPost, path: sandboxPath(id, "restore"), json: body}, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
 }

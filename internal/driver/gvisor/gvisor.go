@@ -26,6 +26,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -192,6 +193,14 @@ func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string, st 
 	if err := os.Chmod(inst.runDir(), 0o700); err != nil {
 		return nil, err
 	}
+	if image == "" {
+		err = inst.newSecret()
+	} else {
+		err = inst.adoptSecret(image)
+	}
+	if err != nil {
+		return nil, err
+	}
 	if err := inst.listen(); err != nil {
 		return nil, err
 	}
@@ -205,13 +214,22 @@ func (d *Driver) launch(ctx context.Context, spec driver.Spec, image string, st 
 		return nil, err
 	}
 	spec.AgentPath = inst.agentPath()
-	cfg := buildSpec(spec, inst.runDir())
+	// A restore's spec must name the agent's arguments as the
+	// checkpointed one did: --auth-file since version 9, which is when
+	// images carry the secret.
+	inst.mu.Lock()
+	auth := inst.secret != nil
+	inst.mu.Unlock()
+	cfg := buildSpec(spec, inst.runDir(), auth)
 	if image != "" {
-		recorded, err := checkpointMounts(image)
+		recorded, err := checkpointSpec(image)
 		if err != nil {
 			return nil, err
 		}
-		cfg.Mounts = conformMounts(cfg.Mounts, recorded)
+		cfg.Mounts = conformMounts(cfg.Mounts, recorded.Mounts)
+		// A checkpoint taken with noNewPrivileges (before setuid was
+		// allowed) restores with it: runsc compares the process spec.
+		cfg.Process.NoNewPrivileges = recorded.Process.NoNewPrivileges
 	}
 	cfgJSON, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
@@ -361,6 +379,9 @@ func (d *Driver) createFlags(spec driver.Spec) []string {
 		"--gofer-network-namespace=new",
 		"--platform=" + d.cfg.Platform,
 		"--host-uds=open",
+		// setuid programs (sudo) raise privileges inside the sandbox,
+		// as on Linux; see NoNewPrivileges in buildSpec.
+		"--allow-suid",
 		fmt.Sprintf("--overlay2=root:dir=%s,size=%dm", filepath.Join(spec.StateDir, "upper"), spec.DiskMB),
 	}
 }
@@ -400,6 +421,9 @@ func (d *Driver) Recover(ctx context.Context, h driver.Handle) (driver.Instance,
 	}
 	inst.started = st.Status != "created"
 	inst.pid = st.Pid
+	if err := inst.loadSecret(); err != nil {
+		return nil, fmt.Errorf("gvisor: recover %s: %v: %w", h.ID, err, errdefs.ErrUnavailable)
+	}
 	if err := inst.listen(); err != nil {
 		// It runs; only its socket could not be made (no descriptors
 		// left, a full disk): no verdict on the sandbox.
@@ -456,7 +480,6 @@ type Instance struct {
 	mu        sync.Mutex
 	ln        net.Listener
 	conns     chan net.Conn
-	current   net.Conn              // the connection last handed out by DialAgent
 	live      map[net.Conn]struct{} // accepted and not closed by us
 	flags     []string              // runsc global flags of this sandbox (same for run and restore)
 	created   bool
@@ -464,6 +487,9 @@ type Instance struct {
 	low       bool   // booted for the warm pool (driver.Spec.LowPriority)
 	memory    int64  // the sandbox's memory in bytes (0: read from the bundle)
 	agentSum  string // SHA-256 of the pinned agent (agent.go); "" until known
+	secret    []byte // the agent's secret (auth.go); nil: not authenticated
+	authOnce  sync.Once
+	refused   atomic.Int64 // connections that did not authenticate
 	pid       int
 	destroyed bool
 	gone      chan struct{} // closed by Destroy: ends DialAgent waits
@@ -486,8 +512,10 @@ func (i *Instance) Handle() driver.Handle {
 }
 
 // listen opens the host side of the agent socket and accepts connections
-// into i.conns (the newest connection wins: an older unclaimed one is
-// closed, the agent only ever holds one).
+// into i.conns once they authenticated (auth.go). One session at a time:
+// a new connection never displaces the one handed out, it waits for the
+// client's next dial (the newest waits: an older waiting one is closed,
+// the agent only ever holds one).
 func (i *Instance) listen() error {
 	_ = os.Remove(i.sockPath())
 	ln, err := net.Listen("unix", i.sockPath())
@@ -498,40 +526,46 @@ func (i *Instance) listen() error {
 	i.ln = ln
 	i.mu.Unlock()
 	go func() {
+		handshakes := make(chan struct{}, maxHandshakes)
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			c = i.track(c)
-			// The agent holds one connection at a time: a new one means
-			// the one handed out before is dead even if the host side has
-			// not noticed (gVisor drops host sockets at checkpoint without
-			// closing the gofer's end). Close it so the client redials now
-			// instead of after a keepalive timeout.
-			i.mu.Lock()
-			old := i.current
-			i.current = nil
-			i.mu.Unlock()
-			if old != nil {
-				old.Close()
+			select {
+			case handshakes <- struct{}{}:
+			default:
+				c.Close() // a flood of connections: not the agent
+				continue
 			}
-			for {
-				select {
-				case i.conns <- c:
-				default:
-					select {
-					case old := <-i.conns:
-						old.Close()
-					default:
-					}
-					continue
+			go func() {
+				ok := i.admit(c)
+				<-handshakes
+				if !ok {
+					c.Close()
+					return
 				}
-				break
-			}
+				i.offer(i.track(c))
+			}()
 		}
 	}()
 	return nil
+}
+
+// offer queues an authenticated connection for DialAgent.
+func (i *Instance) offer(c net.Conn) {
+	for {
+		select {
+		case i.conns <- c:
+			return
+		default:
+			select {
+			case old := <-i.conns:
+				old.Close()
+			default:
+			}
+		}
+	}
 }
 
 // Start implements driver.Instance.
@@ -729,9 +763,6 @@ func (i *Instance) DialAgent(ctx context.Context) (net.Conn, error) {
 		case c := <-i.conns:
 			i.mu.Lock()
 			_, ok := i.live[c]
-			if ok {
-				i.current = c
-			}
 			i.mu.Unlock()
 			if !ok {
 				continue // dropped at a checkpoint while queued

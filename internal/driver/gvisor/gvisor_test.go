@@ -155,7 +155,7 @@ func TestRestoreAcrossUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { inst.Destroy(context.Background()) })
-	// The layout of an older build: no /tmp mount in the spec.
+	// The layout of an older build: no /tmp mount in the spec...
 	cfgPath := filepath.Join(parent.StateDir, "bundle", "config.json")
 	var cfg map[string]any
 	if b, err = os.ReadFile(cfgPath); err == nil {
@@ -174,6 +174,10 @@ func TestRestoreAcrossUpgrade(t *testing.T) {
 		t.Fatal("the spec has no /tmp mount to take out")
 	}
 	cfg["mounts"] = mounts
+	// ...and its process ran with noNewPrivileges (before setuid was
+	// allowed): a restore must keep what the checkpoint recorded, or
+	// runsc refuses its spec.
+	cfg["process"].(map[string]any)["noNewPrivileges"] = true
 	if b, err = json.Marshal(cfg); err == nil {
 		err = os.WriteFile(cfgPath, b, 0o600)
 	}

@@ -83,6 +83,9 @@ func (i *Instance) stampImage(dir string) error {
 			return fmt.Errorf("gvisor: agent into the checkpoint image: %w", err)
 		}
 	}
+	if err := i.imageSecret(dir); err != nil {
+		return err
+	}
 	b, _ := json.Marshal(st)
 	return os.WriteFile(filepath.Join(dir, imageStampFile), b, 0o600)
 }
@@ -128,38 +131,46 @@ var statefileMagic = []byte("gVisorSF")
 // maxStateMetadata is gVisor's own limit on the metadata section.
 const maxStateMetadata = 16 << 20
 
-// checkpointMounts returns the mounts of the container spec runsc recorded
-// in the checkpoint image in dir.
-func checkpointMounts(dir string) ([]ociMount, error) {
+// recordedSpec is what a restore takes from the container spec runsc
+// recorded in a checkpoint image: runsc refuses a restore whose spec
+// differs from it in these.
+type recordedSpec struct {
+	Mounts  []ociMount `json:"mounts"`
+	Process struct {
+		NoNewPrivileges bool `json:"noNewPrivileges"`
+	} `json:"process"`
+}
+
+// checkpointSpec returns the container spec runsc recorded in the
+// checkpoint image in dir.
+func checkpointSpec(dir string) (recordedSpec, error) {
 	f, err := os.Open(filepath.Join(dir, "checkpoint.img"))
 	if err != nil {
-		return nil, err
+		return recordedSpec{}, err
 	}
 	defer f.Close()
 	var head [16]byte
 	if _, err := io.ReadFull(f, head[:]); err != nil || !bytes.Equal(head[:8], statefileMagic) {
-		return nil, fmt.Errorf("gvisor: checkpoint.img is not a gVisor state file")
+		return recordedSpec{}, fmt.Errorf("gvisor: checkpoint.img is not a gVisor state file")
 	}
 	n := binary.BigEndian.Uint64(head[8:])
 	if n > maxStateMetadata {
-		return nil, fmt.Errorf("gvisor: checkpoint.img metadata is %d bytes", n)
+		return recordedSpec{}, fmt.Errorf("gvisor: checkpoint.img metadata is %d bytes", n)
 	}
 	raw := make([]byte, n)
 	if _, err := io.ReadFull(f, raw); err != nil {
-		return nil, fmt.Errorf("gvisor: checkpoint.img metadata: %v", err)
+		return recordedSpec{}, fmt.Errorf("gvisor: checkpoint.img metadata: %v", err)
 	}
 	var meta map[string]string
 	if err := json.Unmarshal(raw, &meta); err != nil {
-		return nil, fmt.Errorf("gvisor: checkpoint.img metadata: %v", err)
+		return recordedSpec{}, fmt.Errorf("gvisor: checkpoint.img metadata: %v", err)
 	}
-	var specs map[string]struct {
-		Mounts []ociMount `json:"mounts"`
-	}
+	var specs map[string]recordedSpec
 	if err := json.Unmarshal([]byte(meta["container_specs"]), &specs); err != nil || len(specs) != 1 {
-		return nil, fmt.Errorf("gvisor: checkpoint.img records %d container specs (%v), want 1", len(specs), err)
+		return recordedSpec{}, fmt.Errorf("gvisor: checkpoint.img records %d container specs (%v), want 1", len(specs), err)
 	}
 	for _, s := range specs {
-		return s.Mounts, nil
+		return s, nil
 	}
 	panic("unreachable")
 }

@@ -3,6 +3,7 @@ package gvisor
 import (
 	"fmt"
 
+	"github.com/spacesandbox/space/internal/agentproto"
 	"github.com/spacesandbox/space/internal/cgroup"
 	"github.com/spacesandbox/space/internal/driver"
 )
@@ -121,8 +122,9 @@ func nprocLimit(s driver.Spec) uint64 {
 	return uint64(min(max(s.MemoryMB*3/4, 64), max(s.PidsMax/2, 64)))
 }
 
-// buildSpec turns a driver.Spec into the OCI config runsc reads.
-func buildSpec(s driver.Spec, hostRunDir string) ociSpec {
+// buildSpec turns a driver.Spec into the OCI config runsc reads; with auth
+// the agent reads its secret from agentproto.AuthFile (auth.go).
+func buildSpec(s driver.Spec, hostRunDir string, auth bool) ociSpec {
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, s.Env...)
 	caps := ociCapabilities{Bounding: agentCaps, Effective: agentCaps, Permitted: agentCaps}
 	res := ociResources{
@@ -136,11 +138,15 @@ func buildSpec(s driver.Spec, hostRunDir string) ociSpec {
 		shares := uint64(cgroup.LowShares)
 		res.CPU.Shares = &shares
 	}
+	args := []string{guestAgentPath, "--connect", "unix:" + guestSocket}
+	if auth {
+		args = append(args, "--auth-file", agentproto.AuthFile)
+	}
 	return ociSpec{
 		OCIVersion: "1.0.2",
 		Process: ociProcess{
 			User:         ociUser{UID: 0, GID: 0},
-			Args:         []string{guestAgentPath, "--connect", "unix:" + guestSocket},
+			Args:         args,
 			Env:          env,
 			Cwd:          "/",
 			Capabilities: caps,
@@ -148,7 +154,13 @@ func buildSpec(s driver.Spec, hostRunDir string) ociSpec {
 				{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536},
 				{Type: "RLIMIT_NPROC", Hard: nprocLimit(s), Soft: nprocLimit(s)},
 			},
-			NoNewPrivileges: true,
+			// Off so that setuid programs (sudo: the sandbox user has
+			// passwordless sudo, as in E2B) work inside the sandbox. It
+			// is a flag of the sandbox's own kernel: root in the sandbox
+			// is what the agent already is (and what a command run as
+			// root gets), with the capability set above, so it changes
+			// nothing at the boundary (docs/SECURITY.md).
+			NoNewPrivileges: false,
 		},
 		Root:     ociRoot{Path: s.Rootfs, Readonly: false},
 		Hostname: s.Hostname,
