@@ -18,11 +18,13 @@ type quotaView struct {
 	MaxCPU        int    `json:"max_cpu"`
 	MaxSnapshotMB int    `json:"max_snapshot_mb"`
 	MaxRPS        int    `json:"max_rps"`
+	MaxDiskMB     int    `json:"max_disk_mb"`
 	Source        string `json:"source"`
 	Usage         struct {
 		Sandboxes  int `json:"sandboxes"`
 		MemoryMB   int `json:"memory_mb"`
 		CPU        int `json:"cpu"`
+		DiskMB     int `json:"disk_mb"`
 		SnapshotMB int `json:"snapshot_mb"`
 	} `json:"usage"`
 }

@@ -310,6 +310,7 @@ func (a *app) quotaCommand() *cobra.Command {
 		fmt.Fprintf(a.stdout, "sandboxes %d of %s\n", q.Usage.Sandboxes, limit(q.MaxSandboxes, ""))
 		fmt.Fprintf(a.stdout, "memory    %d MiB of %s\n", q.Usage.MemoryMB, limit(q.MaxMemoryMB, " MiB"))
 		fmt.Fprintf(a.stdout, "cpu       %d of %s\n", q.Usage.CPU, limit(q.MaxCPU, ""))
+		fmt.Fprintf(a.stdout, "disk      %d MiB of %s\n", q.Usage.DiskMB, limit(q.MaxDiskMB, " MiB"))
 		fmt.Fprintf(a.stdout, "snapshots %d MiB of %s\n", q.Usage.SnapshotMB, limit(q.MaxSnapshotMB, " MiB"))
 		fmt.Fprintf(a.stdout, "requests  %s\n", limit(q.MaxRPS, " per second"))
 		return nil
@@ -331,9 +332,9 @@ func (a *app) quotaCommand() *cobra.Command {
 		},
 	}
 	get.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	var maxSandboxes, maxMemory, maxCPU, maxSnapshot, maxRPS int
+	var maxSandboxes, maxMemory, maxCPU, maxSnapshot, maxRPS, maxDisk int
 	set := &cobra.Command{
-		Use:   "set <team> [--max-sandboxes N] [--max-memory-mb N] [--max-cpu N] [--max-snapshot-mb N] [--max-rps N]",
+		Use:   "set <team> [--max-sandboxes N] [--max-memory-mb N] [--max-cpu N] [--max-snapshot-mb N] [--max-rps N] [--max-disk-mb N]",
 		Short: "Give a team a quota of its own (admin; 0 is no limit, a limit not given is none)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -353,8 +354,11 @@ func (a *app) quotaCommand() *cobra.Command {
 			if cmd.Flags().Changed("max-rps") {
 				req.MaxRPS = &maxRPS
 			}
-			if req.MaxSandboxes == nil && req.MaxMemoryMB == nil && req.MaxCPU == nil && req.MaxSnapshotMB == nil && req.MaxRPS == nil {
-				return usageError(cmd, "give --max-sandboxes, --max-memory-mb, --max-cpu, --max-snapshot-mb, --max-rps or some of them")
+			if cmd.Flags().Changed("max-disk-mb") {
+				req.MaxDiskMB = &maxDisk
+			}
+			if req.MaxSandboxes == nil && req.MaxMemoryMB == nil && req.MaxCPU == nil && req.MaxSnapshotMB == nil && req.MaxRPS == nil && req.MaxDiskMB == nil {
+				return usageError(cmd, "give --max-sandboxes, --max-memory-mb, --max-cpu, --max-snapshot-mb, --max-rps, --max-disk-mb or some of them")
 			}
 			c, err := a.sdk()
 			if err != nil {
@@ -372,6 +376,7 @@ func (a *app) quotaCommand() *cobra.Command {
 	set.Flags().IntVar(&maxCPU, "max-cpu", 0, "CPUs of those sandboxes together (0: no limit)")
 	set.Flags().IntVar(&maxSnapshot, "max-snapshot-mb", 0, "data in MiB the team's snapshots may hold (0: no limit)")
 	set.Flags().IntVar(&maxRPS, "max-rps", 0, "API requests per second, a second's worth at once (0: no limit)")
+	set.Flags().IntVar(&maxDisk, "max-disk-mb", 0, "disk in MiB those sandboxes may reserve together, the sum of their disk_mb (0: no limit)")
 	set.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	reset := &cobra.Command{
 		Use:   "reset <team>",

@@ -69,6 +69,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringArrayVar(&meta, "metadata", nil, "metadata KEY=VALUE (repeatable)")
 	f.IntVar(&req.CPU, "cpu", 0, "vCPUs")
 	f.IntVar(&req.MemoryMB, "memory", 0, "memory in MB")
+	f.IntVar(&req.DiskMB, "disk", 0, "disk in MiB its files may fill (server default: 10240)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	network.register(cmd)
 	return cmd

@@ -115,9 +115,14 @@ type lifecycleJSON struct {
 	AutoResume bool   `json:"autoResume"`
 }
 
-// diskSizeMB is what space reports as disk size: the writable layer has no
-// fixed size, so the E2B default is echoed.
-const diskSizeMB = 10240
+// diskMB is what space reports as a sandbox's disk size: its disk_mb,
+// the most its writable layer may fill.
+func diskMB(sb store.Sandbox) int {
+	if sb.DiskMB > 0 {
+		return sb.DiskMB
+	}
+	return sandbox.DefaultDiskMB
+}
 
 func (h *Handler) domain() *string {
 	if h.cfg.Domain == "" {
@@ -139,7 +144,7 @@ func (h *Handler) sandboxJSON(sb store.Sandbox) sandboxJSON {
 func (h *Handler) detailJSON(sb store.Sandbox, withToken bool) detailJSON {
 	d := detailJSON{
 		SandboxID: e2bID(sb.ID), TemplateID: sb.Template, ClientID: "space",
-		CPUCount: sb.CPU, MemoryMB: sb.MemoryMB, DiskSizeMB: diskSizeMB, EnvdVersion: EnvdVersion,
+		CPUCount: sb.CPU, MemoryMB: sb.MemoryMB, DiskSizeMB: diskMB(sb), EnvdVersion: EnvdVersion,
 		StartedAt: sb.CreatedAt.UTC(), EndAt: sb.ExpiresAt.UTC(), State: e2bState(sb.State),
 		Metadata: sb.Metadata, Domain: h.domain(),
 		Lifecycle: &lifecycleJSON{OnTimeout: sb.OnTimeout, AutoResume: sb.AutoResume},

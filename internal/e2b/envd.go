@@ -76,24 +76,14 @@ func (h *Handler) envdMux() http.Handler {
 }
 
 // serveEnvd authenticates an envd request and hands it to the envd mux.
-// /health needs no token; /files takes the token or a URL signature; the
-// rest need X-Access-Token.
+// /files takes the access token or a URL signature; everything else,
+// /health included, needs X-Access-Token (the SDK sends it on every envd
+// call). The token is checked before the sandbox is looked up: a token is
+// an HMAC of the id, so this needs no lookup, and a caller without one
+// gets the same 401 whether the id exists or not (an unauthenticated
+// /health told anyone which sandbox ids exist).
 func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 	ctx := r.Context()
-	sb, err := h.svc.Get(ctx, sandbox.Caller{Admin: true}, id)
-	if err != nil || sb.State == sandbox.StateStopped || sb.State == sandbox.StateStopping {
-		// What E2B's proxy says for a sandbox that is gone.
-		writeJSONError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s not found", e2bID(id)))
-		return
-	}
-	if r.URL.Path == "/health" {
-		if sb.State != sandbox.StateRunning {
-			writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is "+sb.State)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-		return
-	}
 	token := h.accessToken(id)
 	ok := subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Access-Token")), []byte(token)) == 1
 	signed := false
@@ -107,6 +97,20 @@ func (h *Handler) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		} else {
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"code": "unauthenticated", "message": "unauthorized access, please provide a valid X-Access-Token"})
 		}
+		return
+	}
+	sb, err := h.svc.Get(ctx, sandbox.Caller{Admin: true}, id)
+	if err != nil || sb.State == sandbox.StateStopped || sb.State == sandbox.StateStopping {
+		// What E2B's proxy says for a sandbox that is gone.
+		writeJSONError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s not found", e2bID(id)))
+		return
+	}
+	if r.URL.Path == "/health" {
+		if sb.State != sandbox.StateRunning {
+			writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is "+sb.State)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	if err := h.svc.AllowRequest(ctx, sandbox.Caller{Team: sb.Team}); err != nil {

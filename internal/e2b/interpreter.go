@@ -166,18 +166,20 @@ func (h *Handler) interpreterMux() http.Handler {
 
 // serveInterpreter authenticates a port-49999 request: the envd access
 // token (sent on /execute) or the traffic access token (sent on every
-// call when the create answer had one).
+// call when the create answer had one), /health included. As on envd's
+// port the token is checked before the sandbox is looked up, so a caller
+// without one learns nothing about which ids exist.
 func (h *Handler) serveInterpreter(w http.ResponseWriter, r *http.Request, id string) {
+	if !h.trafficAllowed(r, id) {
+		writeJSONError(w, http.StatusUnauthorized, "unauthorized: missing or wrong access token")
+		return
+	}
 	sb, err := h.svc.Get(r.Context(), sandbox.Caller{Admin: true}, id)
 	if err != nil || sb.State != sandbox.StateRunning {
 		writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is not running")
 		return
 	}
 	if r.URL.Path != "/health" {
-		if !h.trafficAllowed(r, id) {
-			writeJSONError(w, http.StatusUnauthorized, "unauthorized: missing or wrong access token")
-			return
-		}
 		// The team's request rate, as on envd's port.
 		if err := h.svc.AllowRequest(r.Context(), sandbox.Caller{Team: sb.Team}); err != nil {
 			h.writeError(w, r, err)

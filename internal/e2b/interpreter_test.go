@@ -603,6 +603,7 @@ func TestSandboxTrafficRateLimit(t *testing.T) {
 	r := httptest.NewRequest("GET", "/health", nil)
 	r.Header.Set("E2b-Sandbox-Id", e2bID(id))
 	r.Header.Set("E2b-Sandbox-Port", "49999")
+	r.Header.Set("E2B-Traffic-Access-Token", h.trafficToken(id))
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
 	if w.Code != http.StatusOK {

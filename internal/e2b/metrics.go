@@ -176,7 +176,7 @@ func (h *Handler) metricsHandler(w http.ResponseWriter, r *http.Request, c sandb
 	}
 	if !ranged || (!now.Before(start) && !now.After(end.Add(time.Second))) {
 		u := sandbox.Usage{At: now}
-		u.CPUCount, u.MemTotal, u.DiskTotal = sb.CPU, int64(sb.MemoryMB)<<20, int64(diskSizeMB)<<20
+		u.CPUCount, u.MemTotal, u.DiskTotal = sb.CPU, int64(sb.MemoryMB)<<20, int64(diskMB(sb))<<20
 		if sb.State == sandbox.StateRunning {
 			if got, err := h.svc.Usage(r.Context(), c, sb.ID); err == nil {
 				u = got

@@ -16,14 +16,19 @@ import (
 // (E2B-Traffic-Access-Token) or envd access token (X-Access-Token), which
 // are not passed on, unless the sandbox was created with
 // allowPublicTraffic: true (store.Sandbox.PublicPorts).
+//
+// Without a token a missing id, a stopped sandbox and a private one get the
+// same 401: only a sandbox whose owner made its ports public answers
+// anyone, and unauthenticated callers learn nothing about other ids.
 func (h *Handler) servePort(w http.ResponseWriter, r *http.Request, id string, port int) {
 	sb, err := h.svc.Get(r.Context(), sandbox.Caller{Admin: true}, id)
-	if err != nil || (sb.State != sandbox.StateRunning && !sandbox.Wakeable(sb)) {
-		writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is not running")
+	public := err == nil && sb.PublicPorts && sb.State != sandbox.StateStopped && sb.State != sandbox.StateStopping
+	if !public && !h.trafficAllowed(r, id) {
+		writeJSONError(w, http.StatusUnauthorized, "unauthorized: sandbox ports need the E2B-Traffic-Access-Token header (the create answer's trafficAccessToken) or X-Access-Token")
 		return
 	}
-	if !sb.PublicPorts && !h.trafficAllowed(r, id) {
-		writeJSONError(w, http.StatusUnauthorized, "unauthorized: sandbox ports need the E2B-Traffic-Access-Token header (the create answer's trafficAccessToken) or X-Access-Token")
+	if err != nil || (sb.State != sandbox.StateRunning && !sandbox.Wakeable(sb)) {
+		writeJSONError(w, http.StatusBadGateway, "sandbox "+e2bID(id)+" is not running")
 		return
 	}
 	if sandbox.Wakeable(sb) { // autoResume: traffic wakes it

@@ -16,6 +16,7 @@ const (
 	maxQuotaCPU        = 1 << 20
 	maxQuotaRPS        = 1 << 20
 	maxQuotaSnapshotMB = 1 << 40
+	maxQuotaDiskMB     = 1 << 40
 )
 
 type quotaView struct {
@@ -25,6 +26,7 @@ type quotaView struct {
 	MaxCPU        int           `json:"max_cpu"`         // 0: no limit
 	MaxSnapshotMB int           `json:"max_snapshot_mb"` // 0: no limit
 	MaxRPS        int           `json:"max_rps"`         // 0: no limit
+	MaxDiskMB     int           `json:"max_disk_mb"`     // 0: no limit
 	Source        string        `json:"source"`          // "team" (its own) or "default" (the server's)
 	Usage         teamUsageView `json:"usage"`
 }
@@ -33,6 +35,7 @@ type teamUsageView struct {
 	Sandboxes  int   `json:"sandboxes"`
 	MemoryMB   int   `json:"memory_mb"`
 	CPU        int   `json:"cpu"`
+	DiskMB     int   `json:"disk_mb"`     // the sum of the live sandboxes' disk_mb
 	SnapshotMB int64 `json:"snapshot_mb"` // rounded up
 }
 
@@ -42,7 +45,8 @@ func viewQuota(v sandbox.QuotaView) quotaView {
 		src = "team"
 	}
 	return quotaView{Team: v.Team, MaxSandboxes: v.Quota.MaxSandboxes, MaxMemoryMB: v.Quota.MaxMemoryMB, MaxCPU: v.Quota.MaxCPU, MaxSnapshotMB: v.Quota.MaxSnapshotMB,
-		MaxRPS: v.Quota.MaxRPS, Source: src, Usage: teamUsageView{Sandboxes: v.Usage.Sandboxes, MemoryMB: v.Usage.MemoryMB, CPU: v.Usage.CPU, SnapshotMB: (v.SnapshotBytes + 1<<20 - 1) >> 20}}
+		MaxRPS: v.Quota.MaxRPS, MaxDiskMB: v.Quota.MaxDiskMB, Source: src,
+		Usage: teamUsageView{Sandboxes: v.Usage.Sandboxes, MemoryMB: v.Usage.MemoryMB, CPU: v.Usage.CPU, DiskMB: v.Usage.DiskMB, SnapshotMB: (v.SnapshotBytes + 1<<20 - 1) >> 20}}
 }
 
 // teamOf reads and checks the {team} path value.
@@ -98,13 +102,14 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		MaxCPU        *int `json:"max_cpu"`
 		MaxSnapshotMB *int `json:"max_snapshot_mb"`
 		MaxRPS        *int `json:"max_rps"`
+		MaxDiskMB     *int `json:"max_disk_mb"`
 	}
 	if err := decode(r, &req); err != nil {
 		a.writeError(w, r, err)
 		return
 	}
-	if req.MaxSandboxes == nil && req.MaxMemoryMB == nil && req.MaxCPU == nil && req.MaxSnapshotMB == nil && req.MaxRPS == nil {
-		a.writeError(w, r, errdefs.InvalidArgument("give max_sandboxes, max_memory_mb, max_cpu, max_snapshot_mb, max_rps or some of them (0: no limit); DELETE returns the team to the server's default"))
+	if req.MaxSandboxes == nil && req.MaxMemoryMB == nil && req.MaxCPU == nil && req.MaxSnapshotMB == nil && req.MaxRPS == nil && req.MaxDiskMB == nil {
+		a.writeError(w, r, errdefs.InvalidArgument("give max_sandboxes, max_memory_mb, max_cpu, max_snapshot_mb, max_rps, max_disk_mb or some of them (0: no limit); DELETE returns the team to the server's default"))
 		return
 	}
 	var q store.Quota
@@ -119,6 +124,7 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request, c sandbox.Caller)
 		{"max_cpu", req.MaxCPU, maxQuotaCPU, &q.MaxCPU},
 		{"max_snapshot_mb", req.MaxSnapshotMB, maxQuotaSnapshotMB, &q.MaxSnapshotMB},
 		{"max_rps", req.MaxRPS, maxQuotaRPS, &q.MaxRPS},
+		{"max_disk_mb", req.MaxDiskMB, maxQuotaDiskMB, &q.MaxDiskMB},
 	} {
 		if f.v == nil {
 			continue // a limit not given is no limit

@@ -21,6 +21,7 @@ type Sandbox struct {
 	Driver    string            `json:"driver"`
 	CPU       int               `json:"cpu"`
 	MemoryMB  int               `json:"memory_mb"`
+	DiskMB    int               `json:"disk_mb"`
 	TimeoutS  int               `json:"timeout_s"`
 	OnTimeout string            `json:"on_timeout"`
 	Metadata  map[string]string `json:"metadata"`
@@ -43,7 +44,7 @@ func viewSandbox(sb store.Sandbox) Sandbox {
 	}
 	return Sandbox{
 		ID: sb.ID, State: sb.State, Reason: sb.Reason, Template: sb.Template, Driver: sb.Driver,
-		CPU: sb.CPU, MemoryMB: sb.MemoryMB, TimeoutS: sb.TimeoutS, OnTimeout: sb.OnTimeout,
+		CPU: sb.CPU, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB, TimeoutS: sb.TimeoutS, OnTimeout: sb.OnTimeout,
 		Metadata: md, CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, StoppedAt: sb.StoppedAt,
 		PublicPorts: sb.PublicPorts, AutoResume: sb.AutoResume, SnapshotOnExec: sb.SnapshotOnExec,
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -28,6 +29,9 @@ type CreateRequest struct {
 	Metadata  map[string]string `json:"metadata"`
 	CPU       int               `json:"cpu"`
 	MemoryMB  int               `json:"memory_mb"`
+	// DiskMB is the most host disk the sandbox's writable layer may fill
+	// (0: DefaultDiskMB); it counts against the team's MaxDiskMB.
+	DiskMB int `json:"disk_mb"`
 	// Snapshot, when set, creates the sandbox from that snapshot.
 	Snapshot string `json:"snapshot"`
 	// SnapshotIntervalS overrides the server's automatic files snapshot
@@ -106,8 +110,43 @@ func (s *Service) validateCreate(r *CreateRequest) error {
 	if f, ok := s.drivers[r.Driver].(driver.MemoryFloor); ok && r.MemoryMB < f.MinMemoryMB() {
 		return errdefs.InvalidArgument("memory_mb: the %s driver needs at least %d", r.Driver, f.MinMemoryMB())
 	}
+	if r.DiskMB < 0 || r.DiskMB > s.cfg.MaxDiskMB || (r.DiskMB != 0 && r.DiskMB < MinDiskMB) {
+		return errdefs.InvalidArgument("disk_mb: must be between %d and %d", MinDiskMB, s.cfg.MaxDiskMB)
+	}
+	if r.DiskMB == 0 {
+		r.DiskMB = min(DefaultDiskMB, s.cfg.MaxDiskMB)
+	}
 	return nil
 }
+
+// checkDiskFits refuses a disk_mb smaller than a VM driver's disk, which is
+// its template image: the sandbox's qcow2 overlay over it can grow to the
+// image's size whatever disk_mb says, and the team's disk quota would
+// count less than the sandbox may fill. (gVisor's writable layer is made
+// disk_mb large.)
+func (s *Service) checkDiskFits(ctx context.Context, drv string, diskMB int, tpl store.Template) error {
+	path, kind, err := s.rootfs(ctx, drv, tpl)
+	if err != nil || kind != "raw" {
+		return err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("template image: %w", err)
+	}
+	if imgMB := int((fi.Size() + 1<<20 - 1) >> 20); diskMB < imgMB {
+		return errdefs.InvalidArgument("disk_mb: a %s sandbox's disk is its template image, %d MiB; ask for at least that", drv, imgMB)
+	}
+	return nil
+}
+
+// Disk reservations a create may ask for (disk_mb).
+const (
+	// DefaultDiskMB is a sandbox's disk when a create names none: the
+	// 10 GiB every sandbox could fill before disk_mb existed.
+	DefaultDiskMB = 10240
+	// MinDiskMB is the smallest disk_mb a create may ask for.
+	MinDiskMB = 256
+)
 
 // validateCommon checks what a create from a snapshot takes too.
 func (s *Service) validateCommon(r *CreateRequest) error {
@@ -233,11 +272,14 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (stor
 	if err != nil {
 		return store.Sandbox{}, err
 	}
+	if err := s.checkDiskFits(ctx, req.Driver, req.DiskMB, tpl); err != nil {
+		return store.Sandbox{}, err
+	}
 	now := s.now().UTC()
 	sb := store.Sandbox{
 		ID: newID(), Team: c.Team, Template: tpl.Name, TemplateDigest: tpl.Digest,
 		Driver: req.Driver, State: StateCreating, Env: req.Env, Metadata: req.Metadata,
-		CPU: req.CPU, MemoryMB: req.MemoryMB, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
+		CPU: req.CPU, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, TimeoutS: req.TimeoutS, OnTimeout: req.OnTimeout,
 		CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(time.Duration(req.TimeoutS) * time.Second),
 		SnapshotIntervalS: req.SnapshotIntervalS, RetentionDays: req.RetentionDays, PublicPorts: req.PublicPorts, AutoResume: req.AutoResume,
 		SnapshotOnExec: s.wantSnapshotOnExec(req.SnapshotOnExec),
@@ -322,7 +364,7 @@ func (s *Service) boot(ctx context.Context, sb store.Sandbox, tpl store.Template
 	spec := driver.Spec{
 		ID: sb.ID, Hostname: "sandbox", Rootfs: rootfs, RootfsKind: kind,
 		StateDir: s.stateDir(sb.ID), AgentPath: s.cfg.AgentPath,
-		VCPU: sb.CPU, MemoryMB: sb.MemoryMB, LowPriority: low,
+		VCPU: sb.CPU, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB, LowPriority: low,
 	}
 	inst, err := d.Create(ctx, spec)
 	if err != nil {

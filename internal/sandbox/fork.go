@@ -220,7 +220,7 @@ func (s *Service) restoreSandbox(ctx context.Context, c Caller, parent store.San
 	}
 	spec := driver.Spec{
 		ID: sb.ID, Hostname: "sandbox", Rootfs: rootfs, RootfsKind: kind,
-		StateDir: s.stateDir(sb.ID), AgentPath: s.cfg.AgentPath, VCPU: sb.CPU, MemoryMB: sb.MemoryMB,
+		StateDir: s.stateDir(sb.ID), AgentPath: s.cfg.AgentPath, VCPU: sb.CPU, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB,
 	}
 	// Recorded first: a server that dies during the restore finds (and
 	// removes) what it made.

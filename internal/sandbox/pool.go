@@ -58,13 +58,15 @@ type PoolConfig struct {
 }
 
 // shape is what must match for a pooled sandbox to serve a create.
+// Pooled sandboxes have the default disk (a create that asks for another
+// disk_mb boots cold).
 type shape struct {
-	digest, driver string
-	cpu, memoryMB  int
+	digest, driver        string
+	cpu, memoryMB, diskMB int
 }
 
 func shapeOf(sb store.Sandbox) shape {
-	return shape{digest: sb.TemplateDigest, driver: sb.Driver, cpu: sb.CPU, memoryMB: sb.MemoryMB}
+	return shape{digest: sb.TemplateDigest, driver: sb.Driver, cpu: sb.CPU, memoryMB: sb.MemoryMB, diskMB: sb.DiskMB}
 }
 
 // warm is one pooled sandbox: booted, agent connected, no identity.
@@ -237,7 +239,7 @@ func (s *Service) StopPool(template, drv string) {
 // shape takes cfg's size and max, and every other pool of the template on
 // the driver is retired.
 func (s *Service) startPool(ctx context.Context, tpl store.Template, cfg PoolConfig) {
-	k := shape{digest: tpl.Digest, driver: cfg.Driver, cpu: cfg.CPU, memoryMB: cfg.MemoryMB}
+	k := shape{digest: tpl.Digest, driver: cfg.Driver, cpu: cfg.CPU, memoryMB: cfg.MemoryMB, diskMB: s.poolDiskMB()}
 	s.poolsMu.Lock()
 	if s.poolsStopped {
 		// The server is shutting down (a template build that ended
@@ -1022,3 +1024,6 @@ func (s *Service) PoolReady() map[string]int {
 // poolTeam owns pooled sandboxes until a claim: no API key can have it
 // (team names start with a letter or digit).
 const poolTeam = "_pool"
+
+// poolDiskMB is the disk of pooled sandboxes: a create's default.
+func (s *Service) poolDiskMB() int { return min(DefaultDiskMB, s.cfg.MaxDiskMB) }

@@ -336,7 +336,7 @@ func (s *Service) restoreWarm(ctx context.Context, p *pool) (_ *warm, err error)
 	spec := driver.Spec{
 		ID: sb.ID, Hostname: "sandbox", Rootfs: rootfs, RootfsKind: kind,
 		StateDir: s.stateDir(sb.ID), AgentPath: s.cfg.AgentPath,
-		VCPU: sb.CPU, MemoryMB: sb.MemoryMB, LowPriority: true,
+		VCPU: sb.CPU, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB, LowPriority: true,
 	}
 	// Recorded first: a server that dies during the restore finds (and
 	// removes) what it made.
@@ -400,6 +400,6 @@ func (s *Service) pooledRecord(p *pool) store.Sandbox {
 	return store.Sandbox{
 		ID: newID(), Team: poolTeam, Template: p.tpl.Name, TemplateDigest: p.tpl.Digest,
 		Driver: p.shape.driver, State: StatePooled, Env: map[string]string{}, Metadata: map[string]string{},
-		CPU: p.shape.cpu, MemoryMB: p.shape.memoryMB, CreatedAt: now, UpdatedAt: now,
+		CPU: p.shape.cpu, MemoryMB: p.shape.memoryMB, DiskMB: p.shape.diskMB, CreatedAt: now, UpdatedAt: now,
 	}
 }

@@ -87,7 +87,7 @@ func (s *Service) RestoreFiles(ctx context.Context, c Caller, id, sid string, pa
 	curID := "tmp-" + newSnapshotID()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(exp.ExportUpper(ctx, pw)) }()
-	upper, err := s.snaps.Store.PutTar(ctx, curID, pr, snapshot.Meta{})
+	upper, err := s.snaps.Store.PutTar(ctx, curID, pr, snapshot.Meta{Scope: dedupScope(sb.Team)})
 	pr.CloseWithError(err)
 	if err != nil {
 		return res, err
@@ -271,8 +271,8 @@ func (s *Service) createFromSnapshot(ctx context.Context, c Caller, req CreateRe
 		if err != nil {
 			return store.Sandbox{}, err
 		}
-		if req.CPU > 0 || req.MemoryMB > 0 {
-			return store.Sandbox{}, errdefs.InvalidArgument("cpu and memory_mb cannot change when restoring a checkpoint")
+		if req.CPU > 0 || req.MemoryMB > 0 || req.DiskMB > 0 {
+			return store.Sandbox{}, errdefs.InvalidArgument("cpu, memory_mb and disk_mb cannot change when restoring a checkpoint")
 		}
 		// A restored checkpoint is the parent's machine: what would be a
 		// different one is refused rather than ignored.

@@ -54,6 +54,9 @@ type Config struct {
 	// Limits a create may ask for.
 	MaxCPU      int
 	MaxMemoryMB int
+	// MaxDiskMB is the largest disk_mb a create may ask for (default
+	// DefaultDiskMB).
+	MaxDiskMB int
 	// TeamQuota applies to every team without a quota of its own (zero
 	// fields: no limit).
 	TeamQuota store.Quota
@@ -223,6 +226,9 @@ func New(cfg Config, st *store.Store, drivers []driver.Driver, log *slog.Logger,
 	}
 	if cfg.TemplateWait == 0 {
 		cfg.TemplateWait = 50 * time.Second
+	}
+	if cfg.MaxDiskMB == 0 {
+		cfg.MaxDiskMB = DefaultDiskMB
 	}
 	if cfg.StoppedRetention == 0 {
 		cfg.StoppedRetention = 24 * time.Hour

@@ -189,7 +189,7 @@ func (p *pendingSnapshot) fail(ctx context.Context, err error) (store.Snapshot, 
 func (p *pendingSnapshot) finish(ctx context.Context) (store.Snapshot, error) {
 	s, sb, rec := p.s, p.sb, p.rec
 	meta := snapshot.Meta{Kind: snapshot.KindFiles, Parent: rec.Parent, Name: rec.Name, CreatedAt: rec.CreatedAt,
-		Labels: map[string]string{"sandbox": sb.ID, "template_digest": sb.TemplateDigest}}
+		Labels: map[string]string{"sandbox": sb.ID, "template_digest": sb.TemplateDigest}, Scope: dedupScope(sb.Team)}
 	var bytesNew, bytesTotal int64
 	if p.exp != nil {
 		// The writable layer, streamed from the driver straight into
@@ -347,6 +347,12 @@ func (s *Service) dropSnapshot(ctx context.Context, sn store.Snapshot) error {
 	return s.store.DeleteSnapshot(ctx, sn.ID)
 }
 
+// dedupScope is the chunk store's dedup scope of a team's snapshots: a
+// team's snapshot dedups against its own data and the templates', never
+// against another team's, so its bytes_new reveals nothing about what
+// other teams stored.
+func dedupScope(team string) string { return "team/" + team }
+
 // templateView returns the manifest of a template's root filesystem,
 // ingesting it into the chunk store the first time any snapshot of that
 // template needs a full view (every sandbox of the template then shares
@@ -366,7 +372,9 @@ func (s *Service) templateView(ctx context.Context, name, digest string) (*snaps
 		return nil, errdefs.Unavailable("template %s (%s) is no longer available for a full view", name, digest[:min(12, len(digest))])
 	}
 	start := s.now()
-	m, err := s.snaps.Store.PutDir(ctx, id, tpl.Path, snapshot.Meta{Kind: snapshot.KindFiles, Labels: map[string]string{"template": name}})
+	// Shared scope: a template is not one team's, and every team's views
+	// dedup against it.
+	m, err := s.snaps.Store.PutDir(ctx, id, tpl.Path, snapshot.Meta{Kind: snapshot.KindFiles, Labels: map[string]string{"template": name}, Scope: snapshot.SharedScope})
 	if err != nil {
 		return nil, err
 	}
@@ -526,6 +534,7 @@ func machineLabels(sb store.Sandbox) map[string]string {
 		labelDriver:   sb.Driver,
 		labelCPU:      strconv.Itoa(sb.CPU),
 		labelMemoryMB: strconv.Itoa(sb.MemoryMB),
+		labelDiskMB:   strconv.Itoa(sb.DiskMB),
 	}
 	if len(sb.Env) > 0 {
 		b, _ := json.Marshal(sb.Env)
@@ -538,6 +547,7 @@ const (
 	labelDriver   = "driver"
 	labelCPU      = "cpu"
 	labelMemoryMB = "memory_mb"
+	labelDiskMB   = "disk_mb"
 	labelEnv      = "env"
 )
 
@@ -556,8 +566,11 @@ func (s *Service) checkpointParent(sn store.Snapshot) (store.Sandbox, error) {
 		return store.Sandbox{}, errdefs.Unavailable("checkpoint %s does not record its machine and its sandbox %s is gone; it cannot be restored", sn.ID, sn.SandboxID)
 	}
 	parent := store.Sandbox{ID: sn.SandboxID, Team: sn.Team, Template: sn.Template, TemplateDigest: sn.TemplateDigest,
-		Driver: l[labelDriver], CPU: cpu, MemoryMB: mem, Env: map[string]string{},
+		Driver: l[labelDriver], CPU: cpu, MemoryMB: mem, DiskMB: DefaultDiskMB, Env: map[string]string{},
 		TimeoutS: int(s.cfg.DefaultTimeout.Seconds()), OnTimeout: "kill"}
+	if d, err := strconv.Atoi(l[labelDiskMB]); err == nil && d > 0 {
+		parent.DiskMB = d // a checkpoint from before the label: the 10 GiB of then
+	}
 	if e := l[labelEnv]; e != "" {
 		if err := json.Unmarshal([]byte(e), &parent.Env); err != nil {
 			return store.Sandbox{}, fmt.Errorf("checkpoint %s: env label: %w", sn.ID, err)

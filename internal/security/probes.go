@@ -20,6 +20,10 @@ type Probe struct {
 	Root      bool
 	Python    string
 	Shell     string
+	// Alone runs the probe by itself after all the others: it disturbs
+	// what they observe (disk-fill's file would be read by every
+	// filesystem-wide search running beside it).
+	Alone bool
 	// Check, when set, decides from host-side knowledge before the script's
 	// own verdict lines are considered; it returns "" to defer to them.
 	Check func(e *Evidence) (result, detail string)
@@ -467,6 +471,15 @@ for u, h in (("http://%s@%s/%s" % (hp(AH, AP), hp(FB, CP), PID), hp(FB, CP)),
              ("http://%s\\@%s/" % (hp(FB, CP), hp(AH, AP)), hp(AH, AP)),
              ("http://%s%%00.%s/" % (FB, hp(AH, AP)), hp(AH, AP))):
     attempt("GET %r" % u[:50], lambda: refused(get_abs(u, h), u[:50]))`},
+		{ID: "disk-fill", Name: "Filling the host's disk past the sandbox's reservation", Root: true, Alone: true,
+			Technique: fmt.Sprintf("as root, write %d MiB of zeros into the root filesystem of the probe sandbox, whose disk_mb is %d (what its team's disk quota counts), then remove them", ProbeDiskMB+64, ProbeDiskMB),
+			Shell: fmt.Sprintf(`f=/var/tmp/.space-probe-fill-$NONCE
+dd if=/dev/zero of="$f" bs=1M count=%[1]d 2>/tmp/.space-probe-dd; rc=$?
+n=$(stat -c %%s "$f" 2>/dev/null || echo 0); rm -f "$f"
+if [ "$n" -gt %[2]d ]; then echo "BYPASS: wrote $n bytes into a sandbox whose disk is %[3]d MiB (dd exit $rc)"
+elif [ "$rc" -ne 0 ] && grep -q "No space" /tmp/.space-probe-dd; then echo "BLOCKED: stopped at $n bytes: $(tail -n 1 /tmp/.space-probe-dd)"
+else echo "ERROR: dd exit $rc after $n bytes: $(tail -n 1 /tmp/.space-probe-dd)"; fi
+rm -f /tmp/.space-probe-dd`, ProbeDiskMB+64, ProbeDiskMB<<20, ProbeDiskMB)},
 	}
 }
 

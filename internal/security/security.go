@@ -62,6 +62,10 @@ type (
 // team's own nor leaves one behind.
 const SecretName = "SPACE_PROBE_TOKEN"
 
+// ProbeDiskMB is the probe sandbox's disk_mb: small, so that the disk-fill
+// probe's write past it costs little.
+const ProbeDiskMB = 256
+
 // Target is what the runner needs of a server.
 type Target interface {
 	// PutSecret stores a secret of the caller's team.
@@ -69,7 +73,7 @@ type Target interface {
 	// DeleteSecret deletes a secret of the caller's team.
 	DeleteSecret(ctx context.Context, name string) error
 	// CreateSandbox creates a running sandbox with this allow list and
-	// these bound secrets, returning its id.
+	// these bound secrets and a disk of ProbeDiskMB, returning its id.
 	CreateSandbox(ctx context.Context, allow, secrets []string) (string, error)
 	// Exec runs a command to completion.
 	Exec(ctx context.Context, id string, req space.ExecRequest) (*space.ExecResult, error)
@@ -236,23 +240,35 @@ func Run(ctx context.Context, target Target, opts Options) (*Report, error) {
 	ev := make([]*Evidence, len(probes))
 	sem := make(chan struct{}, opts.Parallel)
 	var wg sync.WaitGroup
-	for i, p := range probes {
+	run := func(i int) {
+		p := probes[i]
 		env := maps(baseEnv)
 		env["PROBE_ID"] = p.ID
 		env["CANARY_PORT"] = strconv.Itoa(canaries[p.ID].port)
 		env["CANARY_UDP"] = strconv.Itoa(canaries[p.ID].udpPort)
+		start := time.Now()
+		runProbe(ctx, target, id, env, ev[i])
+		opts.Log.Debug("probe ran", "probe", p.ID, "ms", time.Since(start).Milliseconds())
+	}
+	for i, p := range probes {
 		ev[i] = &Evidence{Probe: p, Nonce: nonce, Token: token, SecretValue: value}
+		if p.Alone {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			start := time.Now()
-			runProbe(ctx, target, id, env, ev[i])
-			opts.Log.Debug("probe ran", "probe", p.ID, "ms", time.Since(start).Milliseconds())
+			run(i)
 		}()
 	}
 	wg.Wait()
+	for i, p := range probes {
+		if p.Alone {
+			run(i)
+		}
+	}
 	time.Sleep(300 * time.Millisecond) // let late canary hits land
 	audit, auditErr := target.EgressLog(ctx, id)
 	for i, e := range ev {

@@ -40,6 +40,7 @@ func (t *ClientTarget) CreateSandbox(ctx context.Context, allow, secrets []strin
 		"network":   map[string]any{"allow": allow},
 		"secrets":   secrets,
 		"timeout_s": 900,
+		"disk_mb":   ProbeDiskMB, // the disk-fill probe writes past it
 		"metadata":  map[string]string{"purpose": "security-probe"},
 	})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url+"/v1/sandboxes", bytes.NewReader(body))

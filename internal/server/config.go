@@ -58,6 +58,7 @@ type Config struct {
 	TeamMaxCPU        int // --team-max-cpu: the sum of their CPUs (default 0: none)
 	TeamMaxRPS        int // --team-max-rps: API requests per second (default 0: none)
 	TeamMaxSnapshotMB int // --team-max-snapshot-mb: data its snapshots hold (default 0: none)
+	TeamMaxDiskMB     int // --team-max-disk-mb: the sum of their disk reservations, disk_mb (default 0: none)
 	// ReserveMemoryMB is host memory (MemAvailable) kept free: below it new
 	// sandboxes are refused (--reserve-memory-mb; default 5 % of the host,
 	// 256 MiB to 2 GiB; -1 off).
@@ -161,7 +162,7 @@ func (c *Config) Validate() error {
 	for _, f := range []struct {
 		flag string
 		v    int
-	}{{"--team-max-sandboxes", c.TeamMaxSandboxes}, {"--team-max-memory-mb", c.TeamMaxMemoryMB}, {"--team-max-cpu", c.TeamMaxCPU}, {"--team-max-snapshot-mb", c.TeamMaxSnapshotMB}, {"--team-max-rps", c.TeamMaxRPS}} {
+	}{{"--team-max-sandboxes", c.TeamMaxSandboxes}, {"--team-max-memory-mb", c.TeamMaxMemoryMB}, {"--team-max-cpu", c.TeamMaxCPU}, {"--team-max-snapshot-mb", c.TeamMaxSnapshotMB}, {"--team-max-rps", c.TeamMaxRPS}, {"--team-max-disk-mb", c.TeamMaxDiskMB}} {
 		if f.v < 0 {
 			return fmt.Errorf("%s %d: want 0 (no limit) or more", f.flag, f.v)
 		}

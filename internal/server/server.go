@@ -165,7 +165,7 @@ func Run(ctx context.Context, cfg Config) error {
 		DefaultDriver: cfg.Driver, DefaultTemplate: cfg.DefaultTemplate,
 		DefaultTimeout:  time.Duration(cfg.DefaultTimeoutS) * time.Second,
 		MaxTimeout:      time.Duration(cfg.MaxTimeoutS) * time.Second,
-		TeamQuota:       store.Quota{MaxSandboxes: cfg.TeamMaxSandboxes, MaxMemoryMB: cfg.TeamMaxMemoryMB, MaxCPU: cfg.TeamMaxCPU, MaxSnapshotMB: cfg.TeamMaxSnapshotMB, MaxRPS: cfg.TeamMaxRPS},
+		TeamQuota:       store.Quota{MaxSandboxes: cfg.TeamMaxSandboxes, MaxMemoryMB: cfg.TeamMaxMemoryMB, MaxCPU: cfg.TeamMaxCPU, MaxSnapshotMB: cfg.TeamMaxSnapshotMB, MaxRPS: cfg.TeamMaxRPS, MaxDiskMB: cfg.TeamMaxDiskMB},
 		ReserveMemoryMB: reserveMB(cfg.ReserveMemoryMB, sandbox.DefaultReserveMB),
 		ReserveDiskMB:   reserveMB(cfg.ReserveDiskMB, func() int { return sandbox.DefaultReserveDiskMB(cfg.DataDir) }),
 		// Each driver gets the template in the form it boots: the

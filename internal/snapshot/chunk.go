@@ -1,9 +1,6 @@
 package snapshot
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -123,12 +120,6 @@ func (c *chunker) drained() bool {
 	return c.eof && c.start == c.end
 }
 
-// digestOf returns the hex SHA-256 of data.
-func digestOf(data []byte) string {
-	sum := sha256.Sum256(data)
-	return hex.EncodeToString(sum[:])
-}
-
 func validDigest(d string) bool {
 	if len(d) != 64 {
 		return false
@@ -170,11 +161,12 @@ func (s *Store) writeChunk(digest string, compressed []byte) error {
 	return nil
 }
 
-// readChunk returns the uncompressed content of a chunk, decoded into
+// readChunk returns the uncompressed content of chunk c, decoded into
 // buf's storage when it is large enough, after checking it against its
-// digest. Failures that mean the store lost or mangled data wrap
-// ErrCorrupt.
-func (s *Store) readChunk(digest string, buf []byte) ([]byte, error) {
+// address in its scope. Failures that mean the store lost or mangled data
+// wrap ErrCorrupt.
+func (s *Store) readChunk(c ChunkRef, buf []byte) ([]byte, error) {
+	digest := c.Digest
 	if !validDigest(digest) {
 		return nil, fmt.Errorf("chunk %q: bad digest: %w", digest, ErrCorrupt)
 	}
@@ -189,9 +181,7 @@ func (s *Store) readChunk(digest string, buf []byte) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chunk %s: decompress: %v: %w", digest, err, ErrCorrupt)
 	}
-	sum := sha256.Sum256(data)
-	want, _ := hex.DecodeString(digest)
-	if !bytes.Equal(sum[:], want) {
+	if s.address(c.Scope, data) != digest {
 		return nil, fmt.Errorf("chunk %s: content does not match digest: %w", digest, ErrCorrupt)
 	}
 	return data, nil

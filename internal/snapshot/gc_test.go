@@ -357,12 +357,12 @@ func TestGCWaitingDoesNotStallReads(t *testing.T) {
 func TestDedupSyncsUnsyncedDirs(t *testing.T) {
 	s := newStore(t)
 	data := randBytes(11, 100<<10)
-	d := digestOf(data)
+	d := s.address(SharedScope, data)
 	if err := s.writeChunk(d, s.enc.EncodeAll(data, nil)); err != nil { // renamed, never synced
 		t.Fatal(err)
 	}
 	s.renamed(d[:2])
-	p := s.newPutter(t.Context())
+	p := s.newPutter(t.Context(), SharedScope)
 	if err := p.keep(d, data, nil); err != nil {
 		t.Fatal(err)
 	}

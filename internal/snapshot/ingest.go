@@ -89,6 +89,9 @@ func (s *Store) put(ctx context.Context, id string, meta Meta, defKind Kind, fil
 	if kind != KindFiles && kind != KindCheckpoint {
 		return nil, errdefs.InvalidArgument("unknown snapshot kind %q", kind)
 	}
+	if err := validScope(meta.Scope); err != nil {
+		return nil, err
+	}
 	if meta.Parent != "" {
 		if err := validID(meta.Parent); err != nil {
 			return nil, err
@@ -108,7 +111,7 @@ func (s *Store) put(ctx context.Context, id string, meta Meta, defKind Kind, fil
 		return nil, fmt.Errorf("snapshot %s already exists: %w", id, errdefs.ErrConflict)
 	}
 
-	p := s.newPutter(ctx)
+	p := s.newPutter(ctx, meta.Scope)
 	entries, err := fill(p)
 	if ferr := p.finish(); err == nil {
 		err = ferr
@@ -150,9 +153,12 @@ func bytesTotal(es []FileEntry) int64 {
 // putter is one ingest session: it chunks file contents, dedups against
 // the store and compresses and writes new chunks on a pool of workers.
 type putter struct {
-	s   *Store
-	ctx context.Context
-	ck  *chunker
+	s     *Store
+	ctx   context.Context
+	ck    *chunker
+	scope string     // dedup scope of every chunk this Put stores
+	key   []byte     // scope's key (nil: shared)
+	addr  *addresser // the producer's
 
 	seen map[string]bool // digests handled in this session (producer only)
 	jobs chan chunkJob
@@ -172,11 +178,15 @@ type chunkJob struct {
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, maxChunk+maxChunk/8); return &b }}
 
-func (s *Store) newPutter(ctx context.Context) *putter {
+func (s *Store) newPutter(ctx context.Context, scope string) *putter {
+	key := s.scopes.key(scope)
 	p := &putter{
 		s:       s,
 		ctx:     ctx,
 		ck:      newChunker(nil),
+		scope:   scope,
+		key:     key,
+		addr:    newAddresser(key),
 		seen:    map[string]bool{},
 		jobs:    make(chan chunkJob, s.workers),
 		dirty:   map[string]struct{}{},
@@ -302,10 +312,10 @@ func (p *putter) content(r io.Reader) (refs []ChunkRef, size int64, err error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		refs = append(refs, ChunkRef{Size: int64(len(data))})
+		refs = append(refs, ChunkRef{Size: int64(len(data)), Scope: p.scope})
 		size += int64(len(data))
 		if p.ck.drained() {
-			d := digestOf(data)
+			d := p.addr.of(data)
 			refs[len(refs)-1].Digest = d
 			if err := p.keep(d, data, nil); err != nil {
 				return nil, 0, err
@@ -316,7 +326,7 @@ func (p *putter) content(r io.Reader) (refs []ChunkRef, size int64, err error) {
 		*buf = append((*buf)[:0], data...)
 		h := &hashing{idx: len(refs) - 1, data: buf, done: make(chan struct{})}
 		go func() {
-			h.digest = digestOf(*h.data)
+			h.digest = newAddresser(p.key).of(*h.data)
 			close(h.done)
 		}()
 		window = append(window, h)

@@ -17,8 +17,10 @@ import (
 	"github.com/spacesandbox/space/internal/errdefs"
 )
 
-// FormatVersion is the manifest format written by this package.
-const FormatVersion = 1
+// FormatVersion is the manifest format written by this package. Version 2
+// added ChunkRef.Scope; a version-1 manifest has none, so all its chunks
+// read as SharedScope (plain SHA-256 addresses), which is what they are.
+const FormatVersion = 2
 
 // Kind says what a snapshot holds.
 type Kind string
@@ -51,8 +53,13 @@ const (
 
 // ChunkRef is one chunk of a file's content, in order.
 type ChunkRef struct {
-	Digest string `json:"digest"` // hex SHA-256 of the uncompressed bytes
-	Size   int64  `json:"size"`   // uncompressed
+	// Digest is the chunk's address: the hex SHA-256 of the uncompressed
+	// bytes in SharedScope, their HMAC-SHA256 under the scope's key in
+	// any other (address.go).
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"` // uncompressed
+	// Scope is the dedup scope the chunk was stored in.
+	Scope string `json:"scope,omitempty"`
 }
 
 // FileEntry is one path in a snapshot.
@@ -117,6 +124,11 @@ type Meta struct {
 	Name      string
 	Labels    map[string]string
 	CreatedAt time.Time // default: the store's clock
+	// Scope is the dedup scope of the chunks this Put stores: it dedups
+	// only against chunks of the same scope (a tenant's: BytesNew then
+	// says nothing about what other tenants stored). SharedScope, the
+	// default, is for data every tenant may share, such as templates.
+	Scope string
 }
 
 // comparePath orders paths so that a directory sorts immediately before

@@ -158,7 +158,7 @@ func (r *chunkReader) Close() error {
 // remove it halfway.
 func (s *Store) chunk(c ChunkRef, buf []byte) ([]byte, error) {
 	s.mu.RLock()
-	data, err := s.readChunk(c.Digest, buf)
+	data, err := s.readChunk(c, buf)
 	s.mu.RUnlock()
 	if err != nil {
 		return nil, err

@@ -15,13 +15,18 @@
 // # Storage layout
 //
 //	<root>/LOCK                   flock held by the one process that owns the store
-//	<root>/chunks/<2 hex>/<sha256> zstd-compressed chunk; the name is the SHA-256
-//	                              of the uncompressed bytes
+//	<root>/KEY                    master key of the dedup scopes (address.go), 0600
+//	<root>/chunks/<2 hex>/<addr>  zstd-compressed chunk; the name is its address:
+//	                              the SHA-256 of the uncompressed bytes in the
+//	                              shared scope, an HMAC-SHA256 keyed per scope
+//	                              in any other
 //	<root>/manifests/<id>.json    one committed snapshot
 //
 // Files are cut into chunks with content-defined chunking (FastCDC-style gear
 // hashing, min 256 KiB, average ~1 MiB, max 4 MiB), so unchanged data, even
-// after an insertion earlier in a file, maps to chunks already stored.
+// after an insertion earlier in a file, maps to chunks already stored, but
+// only to chunks of the same dedup scope (Meta.Scope): one tenant's Put never
+// learns what another tenant stored.
 //
 // # Crash safety
 //
@@ -86,6 +91,9 @@ type Store struct {
 	dec *zstd.Decoder
 
 	cache manifestCache
+
+	// scopes derives the per-scope chunk address keys (address.go).
+	scopes scopeKeys
 
 	now          func() time.Time
 	staleTempAge time.Duration
@@ -184,6 +192,10 @@ func New(root string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("snapshot store: lock %s: %w", root, err)
 	}
 	s.lock = f
+	if s.scopes.master, err = loadKey(root); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("snapshot store: master key: %w", err)
+	}
 	// EncodeAll/DecodeAll are safe for concurrent use; the encoder's own
 	// goroutines are not needed because Put compresses chunks in parallel.
 	s.enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1), zstd.WithLowerEncoderMem(true))

@@ -192,6 +192,16 @@ ALTER TABLE sandboxes ADD COLUMN snapshot_on_exec INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE snapshots ADD COLUMN command_seq INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE snapshots ADD COLUMN cause TEXT NOT NULL DEFAULT '';
 `,
+	// 18: a sandbox's disk reservation (the most host disk its writable
+	// layer may fill: 10 GiB, the drivers' size before it was a
+	// parameter) and a team cap on their sum. The live-team index covers
+	// it, so quota checks still read the index only.
+	`
+ALTER TABLE sandboxes ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 10240;
+ALTER TABLE team_quotas ADD COLUMN max_disk_mb INTEGER NOT NULL DEFAULT 0;
+DROP INDEX sandboxes_live_team;
+CREATE INDEX sandboxes_live_team ON sandboxes(team, state, memory_mb, cpu, disk_mb) WHERE state IN ('creating', 'running', 'paused', 'stopping', 'error');
+`,
 }
 
 // migrator is what migrate runs on: the SQLite writer's *sql.DB, or the

@@ -344,3 +344,62 @@ func benchClaimsConcurrent(b *testing.B, open opener) {
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "claims/s")
 }
+
+// TestDiskQuota: a sandbox's disk reservation is stored, counted in its
+// team's usage while it lives and limited by MaxDiskMB, at the insert (so
+// concurrent creates cannot overshoot) and in CheckQuota, with a message
+// naming the disk; the quota round-trips. Rows from before the column read
+// as the 10 GiB the drivers reserved then.
+func TestDiskQuota(t *testing.T) {
+	ctx := t.Context()
+	s := openTest(t, "")
+	q := Quota{MaxDiskMB: 6000}
+	if err := s.PutQuota(ctx, "t1", q); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetQuota(ctx, "t1"); err != nil || got != q {
+		t.Fatalf("quota round trip: %+v %v", got, err)
+	}
+	if err := s.PutQuota(ctx, "t1", Quota{MaxDiskMB: -1}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("negative disk quota: %v", err)
+	}
+	a := newSandbox("a", "t1", "running")
+	a.DiskMB = 4096
+	if err := s.CreateSandboxWithin(ctx, a, q); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetSandbox(ctx, "a"); err != nil || got.DiskMB != 4096 {
+		t.Fatalf("stored disk_mb: %d %v", got.DiskMB, err)
+	}
+	b := newSandbox("b", "t1", "creating")
+	b.DiskMB = 2048
+	err := s.CreateSandboxWithin(ctx, b, q)
+	if !errors.Is(err, errdefs.ErrQuotaExceeded) || !strings.Contains(err.Error(), "4096 of its 6000 MiB of sandbox disk") {
+		t.Fatalf("disk over the quota: %v", err)
+	}
+	if err := s.CheckQuota(ctx, "t1", 1, SizeOf(b), q); !errors.Is(err, errdefs.ErrQuotaExceeded) {
+		t.Errorf("CheckQuota over the disk quota: %v", err)
+	}
+	b.DiskMB = 1904
+	if err := s.CreateSandboxWithin(ctx, b, q); err != nil {
+		t.Fatalf("disk exactly at the quota: %v", err)
+	}
+	if u, err := s.TeamUsage(ctx, "t1"); err != nil || u.DiskMB != 6000 {
+		t.Fatalf("usage %+v %v", u, err)
+	}
+	// A stopped sandbox no longer holds its disk.
+	if err := s.UpdateSandboxState(ctx, "a", []string{"running"}, StateStopped, "killed"); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := s.TeamUsage(ctx, "t1"); u.DiskMB != 1904 {
+		t.Errorf("usage after a stop: %+v", u)
+	}
+	// A row written before disk_mb existed.
+	if _, err := s.w.ExecContext(ctx, `INSERT INTO sandboxes(id, team, template, template_digest, driver, state, reason, env, metadata, cpu, memory_mb, timeout_s, on_timeout, created_at, updated_at, expires_at)
+		VALUES ('old', 't2', 'base', '', 'gvisor', 'running', '', '{}', '{}', 1, 512, 300, 'kill', 1, 1, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetSandbox(ctx, "old"); err != nil || got.DiskMB != 10240 {
+		t.Errorf("an old row's disk_mb: %d %v", got.DiskMB, err)
+	}
+}

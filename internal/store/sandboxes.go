@@ -33,12 +33,15 @@ type Sandbox struct {
 	Metadata       map[string]string
 	CPU            int
 	MemoryMB       int
-	TimeoutS       int
-	OnTimeout      string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-	ExpiresAt      time.Time // zero: never
-	StoppedAt      *time.Time
+	// DiskMB is the most host disk the sandbox's writable layer may fill
+	// (its reservation against the team's MaxDiskMB).
+	DiskMB    int
+	TimeoutS  int
+	OnTimeout string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	ExpiresAt time.Time // zero: never
+	StoppedAt *time.Time
 	// Per-sandbox snapshot history settings (0: the server's).
 	SnapshotIntervalS int // seconds between automatic files snapshots; -1: none
 	RetentionDays     int // how long this sandbox's history is kept
@@ -79,7 +82,7 @@ const (
 
 const sandboxCols = `id, team, template, template_digest, driver, state, reason, handle, env, metadata,
 	cpu, memory_mb, timeout_s, on_timeout, created_at, updated_at, expires_at, stopped_at,
-	snapshot_interval_s, retention_days, public_ports, auto_resume, snapshot_on_exec`
+	snapshot_interval_s, retention_days, public_ports, auto_resume, snapshot_on_exec, disk_mb`
 
 func scanSandbox(sc scanner) (Sandbox, error) {
 	var sb Sandbox
@@ -89,7 +92,7 @@ func scanSandbox(sc scanner) (Sandbox, error) {
 	var public, autoResume, onExec int
 	if err := sc.Scan(&sb.ID, &sb.Team, &sb.Template, &sb.TemplateDigest, &sb.Driver, &sb.State, &sb.Reason,
 		&sb.Handle, &env, &md, &sb.CPU, &sb.MemoryMB, &sb.TimeoutS, &sb.OnTimeout,
-		&created, &updated, &expires, &stopped, &sb.SnapshotIntervalS, &sb.RetentionDays, &public, &autoResume, &onExec); err != nil {
+		&created, &updated, &expires, &stopped, &sb.SnapshotIntervalS, &sb.RetentionDays, &public, &autoResume, &onExec, &sb.DiskMB); err != nil {
 		return Sandbox{}, err
 	}
 	sb.PublicPorts, sb.AutoResume, sb.SnapshotOnExec = public != 0, autoResume != 0, onExec != 0
@@ -140,8 +143,8 @@ func (s *Store) CreateSandboxWithin(ctx context.Context, sb Sandbox, q Quota) er
 	args := []any{sb.ID, sb.Team, sb.Template, sb.TemplateDigest, sb.Driver, sb.State, sb.Reason, sb.Handle, env, md,
 		sb.CPU, sb.MemoryMB, sb.TimeoutS, sb.OnTimeout,
 		toNanos(sb.CreatedAt), toNanos(sb.UpdatedAt), toNanos(sb.ExpiresAt), toNullNanos(sb.StoppedAt),
-		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), boolInt(sb.AutoResume), boolInt(sb.SnapshotOnExec)}
-	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
+		sb.SnapshotIntervalS, sb.RetentionDays, boolInt(sb.PublicPorts), boolInt(sb.AutoResume), boolInt(sb.SnapshotOnExec), sb.DiskMB}
+	const values = `?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
 	if q.SandboxesUnlimited() {
 		_, err = s.w.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES (`+values+`)`, args...)
 		return classify(err, "sandbox "+sb.ID)

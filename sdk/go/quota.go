@@ -19,6 +19,8 @@ type Quota struct {
 	// MaxRPS limits the team's API requests per second (a second's worth
 	// may come at once); past it requests fail with IsRateLimited.
 	MaxRPS int `json:"max_rps"`
+	// MaxDiskMB limits the sum of the disk_mb of the sandboxes held.
+	MaxDiskMB int `json:"max_disk_mb"`
 	// Source is "team" (the team's own quota) or "default" (the server's).
 	Source string     `json:"source"`
 	Usage  QuotaUsage `json:"usage"`
@@ -29,6 +31,7 @@ type QuotaUsage struct {
 	Sandboxes  int   `json:"sandboxes"`
 	MemoryMB   int   `json:"memory_mb"`
 	CPU        int   `json:"cpu"`
+	DiskMB     int   `json:"disk_mb"`     // the sum of the sandboxes' disk_mb
 	SnapshotMB int64 `json:"snapshot_mb"` // data its snapshots hold, rounded up
 }
 
@@ -40,6 +43,7 @@ type SetQuotaRequest struct {
 	MaxCPU        *int `json:"max_cpu,omitempty"`
 	MaxSnapshotMB *int `json:"max_snapshot_mb,omitempty"`
 	MaxRPS        *int `json:"max_rps,omitempty"`
+	MaxDiskMB     *int `json:"max_disk_mb,omitempty"`
 }
 
 // GetQuota returns a team's quota and usage. A team key reads only its own

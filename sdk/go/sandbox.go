@@ -32,6 +32,7 @@ type Sandbox struct {
 	Driver    string            `json:"driver"`
 	CPU       int               `json:"cpu"`
 	MemoryMB  int               `json:"memory_mb"`
+	DiskMB    int               `json:"disk_mb"` // the most host disk its files may fill
 	TimeoutS  int               `json:"timeout_s"`
 	OnTimeout string            `json:"on_timeout,omitempty"` // "kill" or "pause"
 	Metadata  map[string]string `json:"metadata"`
@@ -59,6 +60,9 @@ type CreateSandboxRequest struct {
 	Metadata  map[string]string `json:"metadata,omitempty"`   // free-form labels, filterable in lists
 	CPU       int               `json:"cpu,omitempty"`
 	MemoryMB  int               `json:"memory_mb,omitempty"`
+	// DiskMB is the most host disk the sandbox's files may fill (default
+	// 10240); it counts against the team's MaxDiskMB.
+	DiskMB int `json:"disk_mb,omitempty"`
 	// Snapshot, when set, creates the sandbox from that snapshot (its
 	// template is the snapshot's; Template must then be empty).
 	Snapshot string `json:"snapshot,omitempty"`
