@@ -24,7 +24,7 @@ func TestKernelInitLine(t *testing.T) {
 		first, second string
 		want          string // in the second execution's messages
 	}{
-		{"python", "x = 1", "import os\nf\"{x} {os.environ['SPACE_T']}\"", `"text": "'1 child'"`},
+		{"python", "x = 1", "import os\nf\"{x} {os.environ['SPACE_T']}\"", `"text": "1 child"`},
 		{"javascript", "globalThis.x = 1", "`${x} ${process.env.SPACE_T}`", `"text":"1 child"`},
 		{"bash", "X=1", `echo "$X $SPACE_T"`, `"text": "1 child\n"`},
 	} {
