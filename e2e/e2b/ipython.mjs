@@ -73,6 +73,43 @@ test('rich results: str without quotes, DataFrame data and html, display(), PIL 
   }, ci)
 })
 
+test('charts: line, scatter, bar, pie and a superchart in result.chart', { timeout: 180000 }, async () => {
+  await withSandbox(async (sbx) => {
+    const chartOf = async (code) => {
+      const r = await sbx.runCode('import matplotlib.pyplot as plt\n' + code + '\nplt.show()')
+      ok(r)
+      const c = r.results.find((x) => x.chart)
+      assert.ok(c && c.png, JSON.stringify(r.results.map((x) => Object.keys(x))))
+      return c.chart
+    }
+    const line = await chartOf('plt.plot([1, 2, 3], [1, 4, 9], label="sq")\nplt.title("squares")\nplt.xlabel("time (s)")\nplt.ylabel("y")')
+    assert.equal(line.type, 'line')
+    assert.equal(line.title, 'squares')
+    assert.equal(line.x_label, 'time (s)')
+    assert.equal(line.x_unit, 's')
+    assert.equal(line.x_scale, 'linear')
+    assert.deepEqual(line.elements, [{ label: 'sq', points: [[1, 1], [2, 4], [3, 9]] }])
+
+    const sc = await chartOf('plt.scatter([1, 2], [3, 4], label="pts")')
+    assert.equal(sc.type, 'scatter')
+    assert.deepEqual(sc.elements, [{ label: 'pts', points: [[1, 3], [2, 4]] }])
+
+    const bar = await chartOf('plt.bar(["a", "b"], [5, 7])\nplt.title("bars")')
+    assert.equal(bar.type, 'bar')
+    assert.equal(bar.title, 'bars')
+    assert.deepEqual(bar.elements.map((e) => [e.label, e.value]), [['a', 5], ['b', 7]])
+
+    const pie = await chartOf('plt.pie([1, 3], labels=["x", "y"])')
+    assert.equal(pie.type, 'pie')
+    assert.deepEqual(pie.elements.map((e) => [e.label, Math.round(e.angle)]), [['x', 90], ['y', 270]])
+
+    const sup = await chartOf('fig, (a, b) = plt.subplots(1, 2)\na.plot([0, 1], [0, 1])\nb.bar(["k"], [2])\nfig.suptitle("two")')
+    assert.equal(sup.type, 'superchart')
+    assert.equal(sup.title, 'two')
+    assert.deepEqual(sup.elements.map((e) => e.type), ['line', 'bar'])
+  }, ci)
+})
+
 test('contexts: the defaults are listed on a fresh sandbox; cwd /root works (kernels run as root)', { timeout: 180000 }, async () => {
   await withSandbox(async (sbx) => {
     const fresh = await sbx.listCodeContexts()

@@ -11,7 +11,7 @@
 # "--preload m1,m2": it imports those, says {"type": "ready"}, and its
 # first line is {"init": {"env": {...}}} from the agent at the claim, the
 # owner's environment, which it makes its own.
-import ast, base64, io, json, os, signal, sys, threading, traceback
+import ast, base64, io, json, os, re, signal, sys, threading, traceback
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 _out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8", errors="replace")
@@ -89,6 +89,9 @@ def _formats(value):
     fig = sys.modules.get("matplotlib.figure")
     if fig is not None and isinstance(value, fig.Figure):
         out["png"] = _png(value)
+        chart = _chart(value)
+        if chart is not None:
+            out["chart"] = chart
     data = _data(value)
     if data is not None:
         out["data"] = data
@@ -99,6 +102,74 @@ def _png(fig):
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def _unit(label):
+    """The unit in an axis label's brackets ("Time (s)" → "s"), as E2B's
+    extractor reads it."""
+    m = re.search(r"\((.+?)\)|\[(.+?)\]", label or "")
+    return (m.group(1) or m.group(2)) if m else None
+
+
+def _axis(ax, which):
+    get = getattr(ax, "get_" + which + "ticks")
+    labels = getattr(ax, "get_" + which + "ticklabels")
+    return {which + "_ticks": [_jsonable(v) for v in get()],
+            which + "_tick_labels": [t.get_text() for t in labels()],
+            which + "_scale": getattr(ax, "get_" + which + "scale")()}
+
+
+def _ax_chart(ax):
+    """E2B's chart of one matplotlib Axes: line, scatter, bar or pie (else
+    unknown), with its title, axis labels and elements."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import BarContainer
+    from matplotlib.patches import Wedge
+    title = ax.get_title()
+    two_d = {"x_label": ax.get_xlabel() or None, "y_label": ax.get_ylabel() or None,
+             "x_unit": _unit(ax.get_xlabel()), "y_unit": _unit(ax.get_ylabel())}
+    wedges = [p for p in ax.patches if isinstance(p, Wedge)]
+    if wedges:
+        return {"type": "pie", "title": title, "elements": [
+            {"label": w.get_label(), "angle": abs(w.theta2 - w.theta1), "radius": w.r} for w in wedges]}
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    if bars:
+        ticks = list(ax.get_xticks())
+        names = [t.get_text() for t in ax.get_xticklabels()]
+        elements = []
+        for c in bars:
+            for r in c.patches:
+                x = r.get_x() + r.get_width() / 2
+                label = str(_jsonable(x))
+                if ticks and len(names) == len(ticks):
+                    i = min(range(len(ticks)), key=lambda j: abs(ticks[j] - x))
+                    label = names[i] or label
+                elements.append({"label": label, "group": c.get_label(), "value": _jsonable(r.get_height())})
+        return dict(two_d, type="bar", title=title, elements=elements)
+    scatters = [c for c in ax.collections if isinstance(c, PathCollection)]
+    if scatters:
+        elements = [{"label": c.get_label(), "points": [[_jsonable(x), _jsonable(y)] for x, y in c.get_offsets()]} for c in scatters]
+        return dict(two_d, **_axis(ax, "x"), **_axis(ax, "y"), type="scatter", title=title, elements=elements)
+    lines = ax.get_lines()
+    if lines:
+        elements = [{"label": l.get_label(), "points": [[_jsonable(x), _jsonable(y)] for x, y in zip(l.get_xdata(), l.get_ydata())]} for l in lines]
+        return dict(two_d, **_axis(ax, "x"), **_axis(ax, "y"), type="line", title=title, elements=elements)
+    return {"type": "unknown", "title": title, "elements": []}
+
+
+def _chart(fig):
+    """E2B's e2b/chart of a matplotlib Figure: its Axes' chart, or a
+    superchart of several. None when it has no Axes or cannot be read."""
+    try:
+        axes = fig.get_axes()
+        if not axes:
+            return None
+        if len(axes) == 1:
+            return _ax_chart(axes[0])
+        sup = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""
+        return {"type": "superchart", "title": sup, "elements": [_ax_chart(a) for a in axes]}
+    except Exception:
+        return None
 
 
 def _jsonable(v):
@@ -142,7 +213,11 @@ def _figures():
         return
     for num in plt.get_fignums():
         fig = plt.figure(num)
-        _emit({"type": "result", "text": repr(fig), "png": _png(fig), "extra": {}, "is_main_result": False})
+        msg = {"type": "result", "text": repr(fig), "png": _png(fig), "extra": {}, "is_main_result": False}
+        chart = _chart(fig)
+        if chart is not None:
+            msg["chart"] = chart
+        _emit(msg)
     plt.close("all")
 
 
@@ -228,6 +303,11 @@ def _ipython():
         print_method = "_repr_e2b_data_"
         _return_type = (dict,)
 
+    class ChartFormatter(BaseFormatter):
+        format_type = "e2b/chart"
+        print_method = "_repr_e2b_chart_"
+        _return_type = (dict,)
+
     class Shell(InteractiveShell):
         displayhook_class = Hook
         display_pub_class = Publisher
@@ -246,6 +326,8 @@ def _ipython():
         return _data(df)
     sh.display_formatter.formatters["e2b/data"].for_type_by_name("pandas.core.frame", "DataFrame", data_fmt)
     sh.display_formatter.formatters["image/png"].for_type_by_name("matplotlib.figure", "Figure", _png_bytes)
+    sh.display_formatter.formatters["e2b/chart"] = ChartFormatter(parent=sh.display_formatter)
+    sh.display_formatter.formatters["e2b/chart"].for_type_by_name("matplotlib.figure", "Figure", _chart)
 
     def showtraceback(etype, evalue, stb):
         _emit({"type": "error", "name": etype.__name__ if etype else "Error",
