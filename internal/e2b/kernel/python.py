@@ -99,9 +99,7 @@ def _formats(value):
 
 
 def _png(fig):
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode()
+    return base64.b64encode(_png_bytes(fig)).decode()
 
 
 def _unit(label):
