@@ -142,8 +142,9 @@ test('kernels: a cell\'s env stays, subprocesses leave the requests alone, long 
 
     // A kernel killed between cells: the next cell runs in a fresh one
     // (as Jupyter restarts a dead kernel), without the old one's state.
+    // (Kernels run as root, as E2B's do.)
     const pid = (await sbx.runCode('os.getpid()')).text
-    await sbx.commands.run(`kill -9 ${pid}`)
+    await sbx.commands.run(`kill -9 ${pid}`, { user: 'root' })
     const fresh = await sbx.runCode('import os\nos.getpid()')
     assert.ok(fresh.text && fresh.text !== pid, JSON.stringify(fresh))
     assert.equal((await sbx.runCode('p')).error?.name, 'NameError')
