@@ -586,7 +586,7 @@ func TestE2BInterpreterPrestarted(t *testing.T) {
 		t.Errorf("a sandbox of the pool without prestart runs processes: %d %+v", code, procs)
 	}
 	status, out = execute(plain.ID, plain.Token)
-	if want := `"text": "('mine', False, False)", "type": "result"`; status != 200 || !strings.Contains(string(out), want) {
+	if want := `"text": "('mine', False, False)"`; status != 200 || !strings.Contains(string(out), want) {
 		t.Errorf("first cell without a prestarted kernel: %d %s, want %s", status, out, want)
 	}
 }

@@ -37,7 +37,7 @@ test('runCode: stdout, main result, state across calls, errors', async () => {
     assert.equal((await sbx.runCode('x')).text, '41')
 
     const env = await sbx.runCode('import os\nos.environ["ONLY_HERE"]', { envs: { ONLY_HERE: 'yes' } })
-    assert.equal(env.text, "'yes'")
+    assert.equal(env.text, 'yes')
   }, base)
 })
 
@@ -49,8 +49,8 @@ test('code contexts: Python and JavaScript, isolated state, restart, remove', as
     assert.equal(js.language, 'javascript')
     await sbx.runCode('v = "one"', { context: py })
     await sbx.runCode('v = "two"', { context: py2 })
-    assert.equal((await sbx.runCode('v', { context: py })).text, "'one'")
-    assert.equal((await sbx.runCode('import os\nos.getcwd()', { context: py2 })).text, "'/tmp'")
+    assert.equal((await sbx.runCode('v', { context: py })).text, 'one')
+    assert.equal((await sbx.runCode('import os\nos.getcwd()', { context: py2 })).text, '/tmp')
 
     await sbx.runCode('globalThis.n = 20; let m = 1', { context: js })
     const r = await sbx.runCode('console.log("from js"); n + m + 21', { context: js })
@@ -79,7 +79,7 @@ test('a cell whose client stopped waiting is interrupted; the context answers ag
     // It used to keep running: every later runCode in the context hung.
     await assert.rejects(sbx.runCode('import time\nwhile True: time.sleep(0.01)', { timeoutMs: 1500 }), /timed out/)
     const r = await sbx.runCode('kept')
-    assert.equal(r.text, "'state'")
+    assert.equal(r.text, 'state')
     assert.equal(r.error, undefined)
 
     const js = await sbx.createCodeContext({ language: 'javascript' })
@@ -121,7 +121,7 @@ test('kernels: a cell\'s env stays, subprocesses leave the requests alone, long 
     // request's envs are for their cell only.
     await sbx.runCode('import os\nos.environ["SET_IN_CELL"] = "kept"', { envs: { ONLY_HERE: 'yes' } })
     const env = await sbx.runCode('import os\nf"{os.environ.get(\'SET_IN_CELL\')} {os.environ.get(\'ONLY_HERE\', \'-\')}"')
-    assert.equal(env.text, "'kept -'")
+    assert.equal(env.text, 'kept -')
     const js = await sbx.createCodeContext({ language: 'javascript' })
     await sbx.runCode('process.env.SET_IN_CELL = "kept"', { context: js, envs: { ONLY_HERE: 'yes' } })
     assert.equal((await sbx.runCode('`${process.env.SET_IN_CELL} ${process.env.ONLY_HERE ?? "-"}`', { context: js })).text, 'kept -')
@@ -138,12 +138,13 @@ test('kernels: a cell\'s env stays, subprocesses leave the requests alone, long 
 
     // env_vars a kernel cannot hold are the request's error, not the kernel's end.
     await assert.rejects(sbx.runCode('1', { envs: { 'A=B': 'x' } }), /400/)
-    assert.equal((await sbx.runCode('os.environ["SET_IN_CELL"]')).text, "'kept'")
+    assert.equal((await sbx.runCode('os.environ["SET_IN_CELL"]')).text, 'kept')
 
     // A kernel killed between cells: the next cell runs in a fresh one
     // (as Jupyter restarts a dead kernel), without the old one's state.
+    // (Kernels run as root, as E2B's do.)
     const pid = (await sbx.runCode('os.getpid()')).text
-    await sbx.commands.run(`kill -9 ${pid}`)
+    await sbx.commands.run(`kill -9 ${pid}`, { user: 'root' })
     const fresh = await sbx.runCode('import os\nos.getpid()')
     assert.ok(fresh.text && fresh.text !== pid, JSON.stringify(fresh))
     assert.equal((await sbx.runCode('p')).error?.name, 'NameError')
@@ -168,7 +169,7 @@ test("a fork's child: every kind of context keeps its state, counts on, takes th
       // Two cells each: the first one read after the fork, and the next.
       for (let i = 0; i < 2; i++) {
         const p = await c.runCode('import os\nf"{x} {os.environ[\'TENANT\']}"', { context: await ctx(py) })
-        assert.equal(p.text, "'1 alpha'", JSON.stringify(p))
+        assert.equal(p.text, '1 alpha', JSON.stringify(p))
         assert.equal(p.executionCount, 2 + i, 'python')
         const j = await c.runCode('`${x} ${process.env.TENANT}`', { context: await ctx(js) })
         assert.equal(j.text, '1 alpha', JSON.stringify(j))

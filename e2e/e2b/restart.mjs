@@ -49,5 +49,5 @@ async function check(sbx, py, js, where) {
   assert.equal(r.text, '42', `${where}: ${JSON.stringify(r)}`)
   assert.deepEqual(r.logs.stdout, ['out\n'], `${where}: only this execution's output`)
   assert.equal((await sbx.runCode('n * 6', { context: jsCtx })).text, '42', where)
-  assert.equal((await sbx.runCode('w')).text, "'default'", `${where}: the default context`)
+  assert.equal((await sbx.runCode('w')).text, 'default', `${where}: the default context`)
 }

@@ -261,10 +261,15 @@ func KernelPrestart() *sandbox.Prestart {
 	return &sandbox.Prestart{
 		Files:   map[string][]byte{file: src},
 		Discard: []string{kernelDir},
-		Start:   agentproto.StartRequest{Cmd: append(argv, "--preload", preloadModules), Cwd: c.Cwd, Tag: kernelTag(c)},
+		Start:   agentproto.StartRequest{Cmd: append(argv, "--preload", preloadModules), Cwd: c.Cwd, User: kernelUser, Tag: kernelTag(c)},
 		Ready:   []byte(kernelReady),
 	}
 }
+
+// kernelUser runs the kernels: root, as E2B's Jupyter kernels run
+// (a context's cwd may be /root; `!apt-get install` works). Root inside
+// the sandbox changes nothing at the isolation boundary (docs/SECURITY.md).
+const kernelUser = "root"
 
 // kernelOf is where language's kernel driver is written in a sandbox, its
 // source, and the command that runs it.
@@ -287,7 +292,7 @@ func (h *Handler) startKernel(ctx context.Context, t envdTarget, c *codeContext)
 	// A copy of the kernel (in a fork's child, a sandbox made from a
 	// checkpoint) gets the copy's env at its identity, as later cells'
 	// processes do.
-	pid, err := h.svc.Exec(ctx, t.caller, t.id, sandbox.ExecRequest{Cmd: argv, Cwd: c.Cwd, OpenStdin: true, Background: true, Tag: kernelTag(c), FollowIdentity: true})
+	pid, err := h.svc.Exec(ctx, t.caller, t.id, sandbox.ExecRequest{Cmd: argv, Cwd: c.Cwd, User: kernelUser, OpenStdin: true, Background: true, Tag: kernelTag(c), FollowIdentity: true})
 	if err != nil {
 		return err
 	}
@@ -746,6 +751,15 @@ func (h *Handler) listContexts(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.interpState.mu.Lock()
+	// The default python and javascript contexts are listed before their
+	// first use, as E2B starts them with the sandbox (each kernel still
+	// starts on its first execution).
+	for _, lang := range []string{"python", "javascript"} {
+		if m["default-"+lang] == nil {
+			c := defaultContext(lang)
+			m[c.ID] = c
+		}
+	}
 	out := []map[string]string{}
 	for _, c := range m {
 		out = append(out, map[string]string{"id": c.ID, "language": c.Language, "cwd": c.Cwd})

@@ -166,7 +166,7 @@ func TestKernelEnv(t *testing.T) {
 	}{
 		{"python", "import os\nos.environ['SPACE_K'] = '1'\nos.environ['SPACE_REQ']",
 			"import os\nf\"{os.environ.get('SPACE_K')} {os.environ.get('SPACE_T')} {os.environ.get('SPACE_REQ', '-')}\"",
-			"'req'", "'1 pool -'"},
+			"req", "1 pool -"},
 		{"javascript", "process.env.SPACE_K = '1'; process.env.SPACE_REQ",
 			"`${process.env.SPACE_K} ${process.env.SPACE_T} ${process.env.SPACE_REQ ?? '-'}`",
 			"req", "1 pool -"},
@@ -325,7 +325,7 @@ func TestReadOwnExecution(t *testing.T) {
 				t.Errorf("B's number_of_executions: %v (want count 2, without the facade's id)", o.msg)
 			}
 		}
-		if o.kind == "result" && o.msg["text"] != "'B'" {
+		if o.kind == "result" && o.msg["text"] != "B" {
 			t.Errorf("B's result: %v", o.msg)
 		}
 	}
@@ -422,7 +422,7 @@ func TestReadBoundsLines(t *testing.T) {
 			t.Errorf("%d bytes held of an unfinished message", o.part)
 		}
 	}
-	if len(results) != 1 || results[0] != "'small'" || stdout(outs) != "after\n" {
+	if len(results) != 1 || results[0] != "small" || stdout(outs) != "after\n" {
 		t.Errorf("after a message over the bound: results %.40q, stdout %q; want only 'small' and after", results, stdout(outs))
 	}
 }

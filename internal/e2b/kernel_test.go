@@ -24,7 +24,7 @@ func TestKernelInitLine(t *testing.T) {
 		first, second string
 		want          string // in the second execution's messages
 	}{
-		{"python", "x = 1", "import os\nf\"{x} {os.environ['SPACE_T']}\"", `"text": "'1 child'"`},
+		{"python", "x = 1", "import os\nf\"{x} {os.environ['SPACE_T']}\"", `"text": "1 child"`},
 		{"javascript", "globalThis.x = 1", "`${x} ${process.env.SPACE_T}`", `"text":"1 child"`},
 		{"bash", "X=1", `echo "$X $SPACE_T"`, `"text": "1 child\n"`},
 	} {
@@ -84,5 +84,41 @@ func TestKernelInitLine(t *testing.T) {
 				t.Errorf("second execution: %s\nwant %s in it and no error (stderr: %s)", second, tc.want, stderr.Bytes())
 			}
 		})
+	}
+}
+
+// TestKernelIPython runs the Python kernel on the host (python3 with
+// IPython, as in python-data): cells go through IPython's input
+// transformation as in E2B's Jupyter kernel. Indented code (a JS template
+// literal's) is dedented, `!cmd` runs a shell, `%cd` is a magic, and a
+// str result's text has no quotes. Before, the kernel compiled cells
+// itself: IndentationError, SyntaxError, and 'bar' for bar.
+func TestKernelIPython(t *testing.T) {
+	if exec.Command("python3", "-c", "import IPython").Run() != nil {
+		t.Skip("python3 without IPython (python-data has python3-ipython)")
+	}
+	k := startHostKernel(t, "python")
+	for _, tc := range []struct {
+		code, want string
+	}{
+		{"\n    x = 'bar'\n    x\n", "bar"},
+		{"!echo from-shell", "from-shell"},
+		{"%cd /tmp\nimport os\nos.getcwd()", "/tmp"},
+		{"x + \"'s\"", `"bar's"`},
+		{"y = 2\ny * 21", "42"},
+		{"y;", ""},
+	} {
+		text, errName := outcome(k.exec(map[string]any{"code": tc.code}))
+		if strings.TrimSpace(text) != tc.want || errName != "" {
+			t.Errorf("%q: text %q, error %q; want %q", tc.code, text, errName, tc.want)
+		}
+	}
+	msgs := k.exec(map[string]any{"code": "def f():\n    return nope\nf()"})
+	if _, errName := outcome(msgs); errName != "NameError" {
+		t.Errorf("a failing cell: %v, want a NameError", msgs)
+	}
+	msgs = k.exec(map[string]any{"code": "display('shown')\n'main'"})
+	if len(msgs) != 2 || msgs[0]["text"] != "shown" || msgs[0]["is_main_result"] != false || msgs[1]["text"] != "main" || msgs[1]["is_main_result"] != true {
+		t.Errorf("display and a main result: %v", msgs)
 	}
 }

@@ -177,8 +177,10 @@ func Base() Recipe {
 func PythonData() Recipe {
 	r := Base()
 	r.Name = "python-data"
-	r.Description = "base plus python3 pandas, numpy, matplotlib and pip"
-	r.Packages = append(r.Packages, "python3-pandas", "python3-numpy", "python3-matplotlib", "python3-pip")
+	r.Description = "base plus python3 pandas, numpy, matplotlib, pip and IPython"
+	// IPython: the code interpreter runs cells in an InteractiveShell, as
+	// E2B's Jupyter kernel does (magics, shell escapes, its formatters).
+	r.Packages = append(r.Packages, "python3-pandas", "python3-numpy", "python3-matplotlib", "python3-pip", "python3-ipython")
 	// matplotlib builds its font list on its first import and writes it
 	// to the home directory: ~0.3 s of every sandbox's first plot, and a
 	// file the code interpreter's prestarted kernel would leave behind in

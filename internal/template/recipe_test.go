@@ -99,7 +99,7 @@ func TestBuiltin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range append(slices.Clone(basePackages), "python3-pandas", "python3-numpy", "python3-matplotlib", "python3-pip") {
+	for _, p := range append(slices.Clone(basePackages), "python3-pandas", "python3-numpy", "python3-matplotlib", "python3-pip", "python3-ipython") {
 		if !slices.Contains(r.Packages, p) {
 			t.Errorf("python-data lacks %s", p)
 		}
