@@ -120,7 +120,7 @@ func TestCLI(t *testing.T) {
 	}
 	// Quotas: set, shown with the team's use, enforced, reset.
 	out, errOut, code = run("", "quota", "set", "cli-quota", "--max-sandboxes", "1", "--max-cpu", "4", "--max-snapshot-mb", "100")
-	if code != 0 || out != "team      cli-quota (team quota)\nsandboxes 0 of 1\nmemory    0 MiB of no limit\ncpu       0 of 4\nsnapshots 0 MiB of 100 MiB\nrequests  no limit\n" {
+	if code != 0 || out != "team      cli-quota (team quota)\nsandboxes 0 of 1\nmemory    0 MiB of no limit\ncpu       0 of 4\ndisk      0 MiB of no limit\nsnapshots 0 MiB of 100 MiB\nrequests  no limit\n" {
 		t.Errorf("quota set: %d %q %q", code, out, errOut)
 	}
 	teamKey := s.teamKey("cli-quota")
