@@ -121,6 +121,41 @@ type bench struct {
 	dataDir      string
 }
 
+// serveMain starts the bench's own space server (b answers for it) on tmp/data with checkpointOnPause, waits
+// until it answers and builds (or finds cached) the base template for the
+// raw runsc side of the rows. stop deletes every sandbox of the run (they
+// outlive their server by design), then stops the server.
+func (b *bench) serveMain(ctx context.Context, tmp, agent, checkpointOnPause string) (*rawRunsc, func(), error) {
+	ctx, cancel := context.WithCancel(ctx)
+	data := filepath.Join(tmp, "data")
+	b.dataDir = data
+	done := make(chan error, 1)
+	go func() {
+		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn",
+			SnapshotIntervalS: -1, CheckpointOnPause: checkpointOnPause, PoolSize: -1})
+	}()
+	if err := b.waitReady(data, done); err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	stop := func() {
+		b.deleteAll()
+		cancel()
+		<-done
+	}
+	tb, err := template.NewBuilder(filepath.Join(b.cache, "templates"))
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	tpl, err := tb.Build(ctx, template.Base(), func(string) {})
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return &rawRunsc{runsc: b.runsc, root: filepath.Join(tmp, "raw-root"), rootfs: tpl.Path, dir: filepath.Join(tmp, "raw")}, stop, nil
+}
+
 func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 	tmp, err := os.MkdirTemp("", "space-bench-")
 	if err != nil {
@@ -130,32 +165,11 @@ func (b *bench) run(agent string, nCreate, nExec, nFile int) error {
 	defer os.RemoveAll(tmp)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	data := filepath.Join(tmp, "data")
-	b.dataDir = data
-	done := make(chan error, 1)
-	go func() {
-		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn",
-			SnapshotIntervalS: -1, CheckpointOnPause: "off", PoolSize: -1})
-	}()
-	if err := b.waitReady(data, done); err != nil {
-		return err
-	}
-	// Sandboxes outlive their server by design: whatever happens, delete
-	// every sandbox of this run, then stop the server.
-	defer func() {
-		b.deleteAll()
-		cancel()
-		<-done
-	}()
-	tb, err := template.NewBuilder(filepath.Join(b.cache, "templates"))
+	raw, stop, err := b.serveMain(ctx, tmp, agent, "off")
 	if err != nil {
 		return err
 	}
-	tpl, err := tb.Build(ctx, template.Base(), func(string) {})
-	if err != nil {
-		return err
-	}
-	raw := &rawRunsc{runsc: b.runsc, root: filepath.Join(tmp, "raw-root"), rootfs: tpl.Path, dir: filepath.Join(tmp, "raw")}
+	defer stop()
 
 	// create (cold: no pool) vs runsc create+start to the first output.
 	r := row{name: "create (cold, to agent ready)", rawName: "runsc run → first output"}

@@ -7,9 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
-
-	"github.com/spacesandbox/space/internal/server"
-	"github.com/spacesandbox/space/internal/template"
 )
 
 // pauseRows measures a pause with the rolling history's checkpoint on (a
@@ -27,29 +24,11 @@ func (b *bench) pauseRows(agent string, n int) error {
 	defer os.RemoveAll(tmp)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	data := filepath.Join(tmp, "data")
-	done := make(chan error, 1)
-	go func() {
-		done <- server.Run(ctx, server.Config{DataDir: data, CacheDir: b.cache, Listen: "127.0.0.1:0", RunscPath: b.runsc, AgentPath: agent, LogLevel: "warn",
-			SnapshotIntervalS: -1, CheckpointOnPause: "on", PoolSize: -1})
-	}()
-	if err := b.waitReady(data, done); err != nil {
-		return err
-	}
-	defer func() {
-		b.deleteAll()
-		cancel()
-		<-done
-	}()
-	tb, err := template.NewBuilder(filepath.Join(b.cache, "templates"))
+	raw, stop, err := b.serveMain(ctx, tmp, agent, "on")
 	if err != nil {
 		return err
 	}
-	tpl, err := tb.Build(ctx, template.Base(), func(string) {})
-	if err != nil {
-		return err
-	}
-	raw := &rawRunsc{runsc: b.runsc, root: filepath.Join(tmp, "raw-root"), rootfs: tpl.Path, dir: filepath.Join(tmp, "raw")}
+	defer stop()
 	const cid = "rawpause"
 	if err := raw.startSleeper(cid); err != nil {
 		return err
